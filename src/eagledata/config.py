@@ -1,0 +1,207 @@
+"""Settings: strict pydantic models, loaded from TOML, overridden by CLI flags.
+
+A run freezes the data-shaping part of its settings (``FrozenSettings``) into ``run.json``; resume
+refuses to continue if any of it would change. Only server addresses and concurrency may change.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tomllib
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from eagledata.errors import ConfigError
+
+BUNDLED_PREFIX = "bundled:"
+DEFAULT_CONFIG_ENV = "EAGLEDATA_CONFIG"
+DEFAULT_CONFIG_PATH = Path("configs/eagledata.toml")
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class TokenizerSettings(Strict):
+    name: str = Field(description="Hub id or local dir for AutoTokenizer; 'bundled:...' for assets")
+    revision: str | None = None
+    trust_remote_code: bool = False
+    chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
+
+
+class GenerationSettings(Strict):
+    max_new_tokens: int = Field(4096, ge=1)
+    temperature: float = Field(0.6, ge=0.0)
+    top_p: float = Field(0.95, gt=0.0, le=1.0)
+    top_k: int = Field(-1, ge=-1)
+    min_p: float = Field(0.0, ge=0.0, le=1.0)
+    samples_per_prompt: int = Field(1, ge=1, le=64)
+    stop_token_ids: list[int] | None = None
+    max_prompt_tokens: int | None = Field(None, ge=1)
+
+    @field_validator("top_k")
+    @classmethod
+    def _top_k_not_zero(cls, value: int) -> int:
+        if value == 0:
+            raise ValueError("top_k must be -1 (all) or >= 1")
+        return value
+
+    def sampling_params(self) -> dict[str, Any]:
+        """The ``sampling_params`` sent with every request; ``max_new_tokens`` always explicit."""
+        params: dict[str, Any] = {
+            "max_new_tokens": self.max_new_tokens,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+            "min_p": self.min_p,
+        }
+        if self.stop_token_ids:
+            params["stop_token_ids"] = list(self.stop_token_ids)
+        return params
+
+
+SchemaName = Literal["auto", "sharegpt", "messages", "prompt"]
+
+
+class DatasetSettings(Strict):
+    source: str = Field(description="Local .jsonl/.json/.parquet path, hub id, or 'bundled:...'")
+    subset: str | None = Field(None, description="Hub config name")
+    split: str = "train"
+    schema_: SchemaName = Field("auto", alias="schema")
+    id_field: str | None = Field(None, description="Column holding a stable id; row index if none")
+    prompt_field: str = "prompt"
+    system_prompt: str | None = None
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class SimulatedServerSettings(Strict):
+    """Start eagledata's own simulated SGLang server on loopback and use it (demo, tests)."""
+
+    enabled: bool = False
+    options: dict[str, Any] = Field(default_factory=dict, description="SimConfig fields")
+
+
+class ServerSettings(Strict):
+    urls: list[str] = Field(default_factory=lambda: ["http://127.0.0.1:30000"], min_length=1)
+    api_key_env: str = "SGLANG_API_KEY"
+    expected_model: str | None = Field(None, description="Refuse a server serving another model")
+    bf16_kv_bytes_per_token: int | None = Field(
+        None, ge=1, description="The model's bf16 KV bytes/token (Kimi-K2.5: 70272)"
+    )
+    connect_timeout_s: float = Field(10.0, gt=0)
+    request_timeout_s: float = Field(3600.0, gt=0)
+    guard_interval_s: float = Field(60.0, gt=0)
+    guard_max_held: int = Field(256, ge=1)
+    down_deadline_s: float = Field(1800.0, ge=0)
+    max_attempts: int = Field(5, ge=1)
+    backoff_base_s: float = Field(1.0, ge=0)
+    backoff_max_s: float = Field(60.0, ge=0)
+    connections_per_pool: int = Field(32, ge=1, le=1024)
+    simulated: SimulatedServerSettings = Field(default_factory=SimulatedServerSettings)
+
+    @field_validator("urls")
+    @classmethod
+    def _urls_are_http(cls, urls: list[str]) -> list[str]:
+        for url in urls:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"{url!r} is not an http(s) URL, e.g. http://127.0.0.1:30000")
+        return [url.rstrip("/") for url in urls]
+
+
+class RunSettings(Strict):
+    out_dir: Path | None = None
+    shard_size: int = Field(1000, ge=1)
+    concurrency: int = Field(64, ge=1, le=65536)
+    limit: int | None = Field(None, ge=1)
+    fsync_interval_s: float = Field(1.0, ge=0)
+
+
+class AppConfig(Strict):
+    tokenizer: TokenizerSettings
+    generation: GenerationSettings = Field(default_factory=GenerationSettings)  # type: ignore[arg-type]
+    server: ServerSettings = Field(default_factory=ServerSettings)
+    run: RunSettings = Field(default_factory=RunSettings)
+    datasets: dict[str, DatasetSettings] = Field(default_factory=dict)
+
+
+class FrozenSettings(Strict):
+    """Everything that shapes the data of a run. Changing any of it would mix two datasets."""
+
+    dataset_name: str
+    dataset: DatasetSettings
+    tokenizer: TokenizerSettings
+    generation: GenerationSettings
+    limit: int | None
+    shard_size: int
+    expected_model: str | None
+    bf16_kv_bytes_per_token: int | None
+
+    def fingerprint(self) -> str:
+        blob = orjson.dumps(self.model_dump(mode="json", by_alias=True), option=orjson.OPT_SORT_KEYS)
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def format_validation_error(error: ValidationError, prefix: str = "") -> str:
+    lines = []
+    for item in error.errors():
+        path = ".".join(str(part) for part in item["loc"])
+        where = f"{prefix}{path}" if path else prefix.rstrip(".") or "config"
+        lines.append(f"{where}: {item['msg']}")
+    return "\n".join(lines)
+
+
+def resolve_bundled(value: str) -> str:
+    """Map ``bundled:REL`` to the path of a file shipped in ``eagledata/assets``."""
+    if not value.startswith(BUNDLED_PREFIX):
+        return value
+    relative = value[len(BUNDLED_PREFIX) :].strip("/")
+    path = Path(str(resources.files("eagledata").joinpath("assets", *relative.split("/"))))
+    if not path.exists():
+        raise ConfigError(f"{value}: no such bundled asset (looked in {path})")
+    return str(path)
+
+
+def default_config_path() -> Path | None:
+    env = os.environ.get(DEFAULT_CONFIG_ENV)
+    if env:
+        return Path(env)
+    return DEFAULT_CONFIG_PATH if DEFAULT_CONFIG_PATH.is_file() else None
+
+
+def load_config(path: Path | None, overrides: dict[str, Any] | None = None) -> AppConfig:
+    """Load a TOML config, apply dotted-key overrides (CLI flags), validate strictly.
+
+    Relative paths inside the file resolve against the current directory; shipped assets are
+    named ``bundled:...`` so the demo config works from any directory.
+    """
+    raw: dict[str, Any] = {}
+    if path is not None:
+        try:
+            raw = tomllib.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ConfigError(f"config file {path} not found; pass --config FILE") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{path}: invalid TOML: {exc}") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{path}: cannot read config: {exc}") from None
+    for dotted, value in (overrides or {}).items():
+        if value is None:
+            continue
+        node = raw
+        *parents, leaf = dotted.split(".")
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = value
+    if "tokenizer" not in raw:
+        raise ConfigError("tokenizer.name: missing; set it in the config or pass --tokenizer")
+    try:
+        return AppConfig.model_validate(raw)
+    except ValidationError as exc:
+        where = f"{path}: " if path is not None else ""
+        raise ConfigError(where + format_validation_error(exc).replace("\n", f"\n{where}")) from None

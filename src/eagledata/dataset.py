@@ -1,0 +1,159 @@
+"""Step 1 of the data flow: dataset rows with stable ids, streamed.
+
+Local ``.jsonl`` files are read line by line here (not through ``datasets``) for one reason: a
+malformed line or invalid UTF-8 must cost one row, which goes to the failure file, not the whole
+file. ``.json``, ``.parquet`` and hub datasets go through ``datasets.load_dataset(streaming=True)``,
+so memory never grows with the dataset.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from eagledata.config import DatasetSettings, resolve_bundled
+from eagledata.errors import DatasetError
+
+# Columns that real drafter datasets use for their own stable ids (kimi-k25-capacity.md §6).
+KNOWN_ID_FIELDS = ("id", "prompt_id", "uuid", "conversation_id")
+LOCAL_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+
+
+@dataclass(frozen=True, slots=True)
+class SourceRow:
+    """One dataset row. ``data`` is None when the row could not be parsed; ``error`` says why."""
+
+    index: int
+    row_id: str
+    data: dict[str, Any] | None
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ResolvedDataset:
+    name: str
+    settings: DatasetSettings
+
+
+def resolve_dataset(name_or_path: str, table: dict[str, DatasetSettings]) -> ResolvedDataset:
+    """Turn ``--dataset`` into settings: a config name, a local file, or a hub id."""
+    if name_or_path in table:
+        return ResolvedDataset(name_or_path, table[name_or_path])
+    looks_local = name_or_path.startswith((".", "/", "~")) or Path(name_or_path).suffix in (
+        LOCAL_BUILDERS
+    )
+    if looks_local or name_or_path.startswith("bundled:"):
+        path = Path(resolve_bundled(name_or_path)).expanduser()
+        if not path.exists():
+            raise DatasetError(f"dataset file {path} not found; check the path or the name")
+        if path.suffix not in LOCAL_BUILDERS:
+            raise DatasetError(
+                f"dataset file {path} has unsupported type {path.suffix!r}; "
+                "use .jsonl, .json or .parquet"
+            )
+        return ResolvedDataset(path.stem, DatasetSettings(source=str(path)))
+    if "/" in name_or_path and not name_or_path.startswith("/"):
+        return ResolvedDataset(name_or_path.replace("/", "__"), DatasetSettings(source=name_or_path))
+    known = ", ".join(sorted(table)) or "none configured"
+    raise DatasetError(
+        f"unknown dataset {name_or_path!r}; use a name from the config ({known}), "
+        "a .jsonl/.json/.parquet path, or a hub id like org/name"
+    )
+
+
+def _row_id(data: dict[str, Any], index: int, id_field: str | None) -> str:
+    fields = (id_field,) if id_field else KNOWN_ID_FIELDS
+    for field in fields:
+        value = data.get(field)
+        if isinstance(value, str) and value:
+            return value
+        if isinstance(value, int) and not isinstance(value, bool):
+            return str(value)
+    return str(index)
+
+
+def _iter_jsonl(path: Path) -> Iterator[tuple[dict[str, Any] | None, str | None]]:
+    try:
+        handle = path.open("rb")
+    except OSError as exc:
+        raise DatasetError(f"cannot read dataset file {path}: {exc.strerror}") from None
+    with handle:
+        for line_no, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                value = orjson.loads(line)
+            except orjson.JSONDecodeError as exc:
+                problem = "invalid UTF-8" if "utf-8" in str(exc).lower() else "malformed JSON"
+                yield None, f"line {line_no}: {problem}: {exc}"
+                continue
+            if not isinstance(value, dict):
+                yield None, f"line {line_no}: expected a JSON object, got {type(value).__name__}"
+                continue
+            yield value, None
+
+
+def _iter_with_datasets(settings: DatasetSettings) -> Iterator[tuple[dict[str, Any] | None, None]]:
+    import datasets  # deferred: importing datasets costs about a second
+
+    source = resolve_bundled(settings.source)
+    path = Path(source).expanduser()
+    try:
+        if path.suffix in LOCAL_BUILDERS:
+            if not path.is_file():
+                raise DatasetError(f"dataset file {path} not found; check the path")
+            stream = datasets.load_dataset(
+                LOCAL_BUILDERS[path.suffix], data_files=str(path), split="train", streaming=True
+            )
+        else:
+            stream = datasets.load_dataset(
+                source, settings.subset, split=settings.split, streaming=True
+            )
+        for row in stream:
+            yield dict(row), None
+    except DatasetError:
+        raise
+    except Exception as exc:  # datasets raises many unrelated types; translate at this boundary
+        hint = ""
+        if not path.suffix:
+            hint = " (hub dataset: is the hub reachable, or set HF_DATASETS_OFFLINE with a cache?)"
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise DatasetError(f"cannot read dataset {source}: {first_line}{hint}") from None
+
+
+def iter_rows(settings: DatasetSettings, limit: int | None = None) -> Iterator[SourceRow]:
+    """Stream rows with stable ids: the dataset's own id field where it has one, else the index."""
+    source = Path(resolve_bundled(settings.source)).expanduser()
+    raw: Iterator[tuple[dict[str, Any] | None, str | None]]
+    if source.suffix == ".jsonl":
+        if not source.is_file():
+            raise DatasetError(f"dataset file {source} not found; check the path")
+        raw = _iter_jsonl(source)
+    else:
+        raw = _iter_with_datasets(settings)
+    for index, (data, error) in enumerate(itertools.islice(raw, limit)):
+        if data is None:
+            yield SourceRow(index=index, row_id=str(index), data=None, error=error)
+        else:
+            yield SourceRow(index=index, row_id=_row_id(data, index, settings.id_field), data=data)
+
+
+def count_rows(settings: DatasetSettings, limit: int | None = None) -> int | None:
+    """A cheap row count for the progress bar, where one is cheap; None otherwise."""
+    source = Path(resolve_bundled(settings.source)).expanduser()
+    total: int | None = None
+    if source.suffix == ".jsonl" and source.is_file():
+        with source.open("rb") as handle:
+            total = sum(1 for line in handle if line.strip())
+    elif source.suffix == ".parquet" and source.is_file():
+        import pyarrow.parquet as pq
+
+        total = pq.ParquetFile(source).metadata.num_rows
+    if total is None:
+        return limit
+    return min(total, limit) if limit is not None else total

@@ -1,0 +1,441 @@
+"""Wires the steps: dataset -> prompts -> tokenization -> scheduler -> client -> guard -> writer.
+
+``generate`` and ``resume`` both end here, in ``execute``; the CLI only parses flags.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import signal
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from eagledata.client import ServerDownError, SGLangClient, new_rid
+from eagledata.config import AppConfig, FrozenSettings, resolve_bundled
+from eagledata.dataset import ResolvedDataset, count_rows, iter_rows, resolve_dataset
+from eagledata.errors import (
+    EagledataError,
+    ItemError,
+    RetryableItemError,
+    RunDirError,
+    ServerUnavailableError,
+)
+from eagledata.guard import KVGuard
+from eagledata.manifest import RunDir, scan_totals
+from eagledata.progress import Progress, Summary
+from eagledata.prompts import Message, to_messages
+from eagledata.records import failure_entry, make_record, record_id
+from eagledata.scheduler import RetryPolicy, Scheduler
+from eagledata.tokenization import LengthLimit, PromptTokenizer, check_length
+from eagledata.writer import FailureLog, ShardWriter
+
+PLAN_BATCH = 64
+
+
+@dataclass(slots=True)
+class WorkItem:
+    item_id: str
+    row_id: str
+    sample: int
+    messages: list[Message]
+    input_ids: list[int]
+
+
+@dataclass(slots=True)
+class Outcome:
+    """A plan entry that ends without a request: a bad row, an over-long prompt, a duplicate."""
+
+    entry: dict[str, Any]
+
+
+@dataclass(slots=True)
+class SessionCounts:
+    records: int = 0
+    failures: int = 0
+    tokens: int = 0
+    enumerated: int = 0
+    plan_complete: bool = False
+
+
+def frozen_settings(config: AppConfig, dataset: ResolvedDataset) -> FrozenSettings:
+    return FrozenSettings(
+        dataset_name=dataset.name,
+        dataset=dataset.settings,
+        tokenizer=config.tokenizer,
+        generation=config.generation,
+        limit=config.run.limit,
+        shard_size=config.run.shard_size,
+        expected_model=config.server.expected_model,
+        bf16_kv_bytes_per_token=config.server.bf16_kv_bytes_per_token,
+    )
+
+
+def default_out_dir(dataset: ResolvedDataset) -> Path:
+    return Path("runs") / dataset.name
+
+
+def first_fatal(group: BaseExceptionGroup[Any]) -> BaseException:
+    """The error to report from a task group: ours first, then anything else."""
+    leaves: list[BaseException] = []
+
+    def walk(error: BaseException) -> None:
+        if isinstance(error, BaseExceptionGroup):
+            for inner in error.exceptions:
+                walk(inner)
+        else:
+            leaves.append(error)
+
+    walk(group)
+    for leaf in leaves:
+        if isinstance(leaf, EagledataError):
+            return leaf
+    return leaves[0]
+
+
+class Run:
+    """One session of work on a run directory."""
+
+    def __init__(
+        self, config: AppConfig, dataset: ResolvedDataset, run_dir: RunDir, show_progress: bool
+    ) -> None:
+        self.config = config
+        self.dataset = dataset
+        self.run_dir = run_dir
+        self.frozen = frozen_settings(config, dataset)
+        self.show_progress = show_progress
+        self.counts = SessionCounts()
+        self.interrupted: str | None = None
+        self.policy = RetryPolicy(
+            config.server.max_attempts, config.server.backoff_base_s, config.server.backoff_max_s
+        )
+        self.sampling_params = config.generation.sampling_params()
+
+    # --- the plan (runs in a worker thread, one batch at a time) --------------------------
+
+    def _plan(
+        self, tokenizer: PromptTokenizer, limit: LengthLimit, done: set[str]
+    ) -> Iterator[WorkItem | Outcome]:
+        name = self.dataset.name
+        samples = self.config.generation.samples_per_prompt
+        seen_rows: set[str] = set()
+        for row in iter_rows(self.dataset.settings, self.config.run.limit):
+            row_id = row.row_id
+            duplicate = row_id in seen_rows
+            seen_rows.add(row_id)
+            if duplicate:
+                row_id = f"{row.row_id}@{row.index}"
+            ids = [record_id(name, row_id, sample) for sample in range(samples)]
+            self.counts.enumerated += samples
+            todo = [(sample, ids[sample]) for sample in range(samples) if ids[sample] not in done]
+            if not todo:
+                continue
+            if duplicate:
+                for sample, item_id in todo:
+                    yield Outcome(failure_entry(
+                        item_id=item_id, dataset=name, row_id=row_id, sample=sample,
+                        reason="duplicate_id", attempts=0, status="skipped",
+                        message=f"row {row.index} repeats the id {row.row_id!r} of an earlier row",
+                    ))
+                continue
+            try:
+                if row.data is None:
+                    raise ItemError(row.error or "unreadable row", reason="bad_row")
+                messages = to_messages(row.data, self.dataset.settings)
+                input_ids = tokenizer.encode(messages)
+                check_length(input_ids, limit)
+            except ItemError as exc:
+                for sample, item_id in todo:
+                    yield Outcome(failure_entry(
+                        item_id=item_id, dataset=name, row_id=row_id, sample=sample,
+                        reason=exc.reason, message=str(exc), attempts=0,
+                    ))
+                continue
+            for sample, item_id in todo:
+                yield WorkItem(item_id, row_id, sample, messages, input_ids)
+        self.counts.plan_complete = True
+
+    async def _source(
+        self, plan: Iterator[WorkItem | Outcome], failures: FailureLog, progress: Progress
+    ) -> AsyncIterator[WorkItem]:
+        while True:
+            batch = await asyncio.to_thread(lambda: list(itertools.islice(plan, PLAN_BATCH)))
+            if not batch:
+                return
+            for entry in batch:
+                if isinstance(entry, Outcome):
+                    failures.write(entry.entry)
+                    self.counts.failures += 1
+                    progress.advance()
+                else:
+                    yield entry
+
+    # --- one item ---------------------------------------------------------------------------
+
+    async def _handle(
+        self,
+        item: WorkItem,
+        client: SGLangClient,
+        guard: KVGuard[tuple[WorkItem, Any]],
+        failures: FailureLog,
+        progress: Progress,
+    ) -> None:
+        attempts = 0
+        while True:
+            try:
+                result = await client.generate(item.input_ids, self.sampling_params, new_rid())
+            except ServerDownError:
+                await client.wait_until_healthy(
+                    self.config.server.down_deadline_s, guard.check_reconnected, progress.note
+                )
+                continue
+            except RetryableItemError as exc:
+                attempts += 1
+                if attempts < self.policy.max_attempts:
+                    await asyncio.sleep(self.policy.delay(attempts))
+                    continue
+                self._fail(item, exc, attempts, failures, progress)
+                return
+            except ItemError as exc:
+                self._fail(item, exc, attempts + 1, failures, progress)
+                return
+            guard.hold((item, result), result.server, result.completed_at)
+            return
+
+    def _fail(
+        self, item: WorkItem, exc: ItemError, attempts: int, failures: FailureLog, progress: Progress
+    ) -> None:
+        failures.write(failure_entry(
+            item_id=item.item_id, dataset=self.dataset.name, row_id=item.row_id,
+            sample=item.sample, reason=exc.reason, message=str(exc), attempts=attempts,
+        ))
+        self.counts.failures += 1
+        progress.advance()
+
+    # --- the session --------------------------------------------------------------------------
+
+    async def execute(self) -> Summary:
+        started = time.monotonic()
+        config = self.config
+        writer = ShardWriter(self.run_dir.path, config.run.shard_size, config.run.fsync_interval_s)
+        writer.seal_pending()
+        totals = scan_totals(self.run_dir.path)
+        tokenizer = await asyncio.to_thread(PromptTokenizer, config.tokenizer)
+        failures = FailureLog(self.run_dir.path, config.run.fsync_interval_s)
+        check_log = self.run_dir.check_log(config.run.fsync_interval_s)
+        samples = config.generation.samples_per_prompt
+        rows = count_rows(self.dataset.settings, config.run.limit)
+        estimate = rows * samples if rows is not None else None
+        planned_before = self.run_dir.planned() if self.run_dir.exists() else None
+        progress = Progress(
+            total=planned_before or estimate, initial=len(totals.done_ids),
+            enabled=self.show_progress,
+        )
+        api_key = SGLangClient.api_key_from_env(config.server.api_key_env)
+        client = SGLangClient(
+            config.server.urls,
+            in_flight=config.run.concurrency,
+            connections_per_pool=config.server.connections_per_pool,
+            connect_timeout_s=config.server.connect_timeout_s,
+            request_timeout_s=config.server.request_timeout_s,
+            api_key=api_key,
+        )
+
+        def release(payload: tuple[WorkItem, Any]) -> None:
+            item, result = payload
+            writer.write(make_record(
+                item_id=item.item_id, dataset=self.dataset.name, row_id=item.row_id,
+                sample=item.sample, messages=item.messages, input_ids=item.input_ids,
+                result=result,
+            ))
+            self.counts.records += 1
+            self.counts.tokens += result.completion_tokens
+            progress.advance(
+                tokens=result.completion_tokens, in_flight=scheduler.stats.in_flight,
+                held=guard.held,
+            )
+
+        scheduler: Scheduler[WorkItem] = Scheduler(config.run.concurrency)
+        try:
+            async with client:
+                guard: KVGuard[tuple[WorkItem, Any]] = KVGuard(
+                    client,
+                    expected_model=self.frozen.expected_model,
+                    bf16_bytes_per_token=self.frozen.bf16_kv_bytes_per_token,
+                    interval_s=config.server.guard_interval_s,
+                    max_held=config.server.guard_max_held,
+                    release=release,
+                    check_log=check_log,
+                )
+                limit = await self._first_contact(client, guard)
+                if not self.run_dir.exists():
+                    self.run_dir.create(self.frozen, self._manifest_extra(guard, estimate))
+                plan = self._plan(tokenizer, limit, totals.done_ids)
+                with self._signals(scheduler, progress):
+                    try:
+                        async with asyncio.TaskGroup() as group:
+                            guard_task = group.create_task(guard.run())
+                            try:
+                                await scheduler.run(self._source(plan, failures, progress),
+                                                    lambda item: self._handle(
+                                                        item, client, guard, failures, progress))
+                            finally:
+                                guard_task.cancel()
+                    except BaseExceptionGroup as group_error:
+                        raise first_fatal(group_error) from None
+                    await guard.flush()
+        except asyncio.CancelledError:
+            self.interrupted = "interrupted twice: in-flight requests abandoned"
+        finally:
+            progress.close()
+            writer.close()
+            failures.close()
+            check_log.close()
+        if self.counts.plan_complete and not self.interrupted and not scheduler.stopping:
+            self.run_dir.set_planned(self.counts.enumerated)
+        return self._summary(started)
+
+    async def _first_contact(
+        self, client: SGLangClient, guard: KVGuard[tuple[WorkItem, Any]]
+    ) -> LengthLimit:
+        """Reach every server, check it (invariant 2), and derive the prompt length limit."""
+        reachable = [endpoint for endpoint in client.endpoints if await client.health(endpoint.url)]
+        for endpoint in client.endpoints:
+            endpoint.healthy = endpoint in reachable
+        if not reachable:
+            urls = ", ".join(endpoint.url for endpoint in client.endpoints)
+            raise ServerUnavailableError(
+                f"cannot reach an SGLang server at {urls}; start one (eagledata launch-server) "
+                "or fix --server"
+            )
+        facts = [await guard.check(endpoint.url) for endpoint in reachable]
+        input_limits = [f.max_req_input_len for f in facts if f.max_req_input_len is not None]
+        contexts = [f.context_length for f in facts if f.context_length is not None]
+        return LengthLimit.combine(
+            configured_cap=self.config.generation.max_prompt_tokens,
+            max_req_input_len=min(input_limits, default=None),
+            context_length=min(contexts, default=None),
+            max_new_tokens=self.config.generation.max_new_tokens,
+        )
+
+    def _manifest_extra(
+        self, guard: KVGuard[tuple[WorkItem, Any]], estimate: int | None
+    ) -> dict[str, Any]:
+        return {
+            "config": self.config.model_dump(mode="json", by_alias=True),
+            "planned_estimate": estimate,
+            "server_facts": {url: facts.model_dump(mode="json") for url, facts in guard.facts.items()},
+        }
+
+    @contextlib.contextmanager
+    def _signals(self, scheduler: Scheduler[WorkItem], progress: Progress) -> Iterator[None]:
+        loop = asyncio.get_running_loop()
+        main_task = asyncio.current_task()
+        presses = 0
+
+        def on_interrupt() -> None:
+            nonlocal presses
+            presses += 1
+            if presses == 1:
+                self.interrupted = "interrupted"
+                progress.note(
+                    f"stopping: finishing {scheduler.stats.in_flight} in-flight requests "
+                    "(Ctrl-C again to abandon them)"
+                )
+                scheduler.stop()
+            elif main_task is not None:
+                main_task.cancel()
+
+        installed = []
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                loop.add_signal_handler(signum, on_interrupt)
+                installed.append(signum)
+        try:
+            yield
+        finally:
+            for signum in installed:
+                loop.remove_signal_handler(signum)
+
+    def _summary(self, started: float) -> Summary:
+        totals = scan_totals(self.run_dir.path)
+        planned = self.run_dir.planned() if self.run_dir.exists() else None
+        done = totals.written + totals.failed + totals.skipped
+        return Summary(
+            run_dir=str(self.run_dir.path),
+            planned=planned,
+            written=totals.written,
+            failed=totals.failed,
+            skipped=totals.skipped,
+            left=None if planned is None else planned - done,
+            session_records=self.counts.records,
+            session_failures=self.counts.failures,
+            session_tokens=self.counts.tokens,
+            elapsed_s=time.monotonic() - started,
+            interrupted=self.interrupted,
+        )
+
+
+@contextlib.contextmanager
+def _simulated_server(config: AppConfig) -> Iterator[AppConfig]:
+    """Start the bundled simulated server when the config asks for it (the demo)."""
+    if not config.server.simulated.enabled:
+        yield config
+        return
+    from eagledata.simserver import SimConfig, SimServerThread
+
+    options = dict(config.server.simulated.options)
+    options.setdefault("tokenizer_path", resolve_bundled(config.tokenizer.name))
+    with SimServerThread(SimConfig(**options)) as sim:
+        server = config.server.model_copy(update={"urls": [sim.url]})
+        yield config.model_copy(update={"server": server})
+
+
+def _execute(config: AppConfig, dataset: ResolvedDataset, out_dir: Path, progress: bool) -> Summary:
+    run_dir = RunDir(out_dir)
+    run_dir.lock()
+    try:
+        run = Run(config, dataset, run_dir, progress)
+        if run_dir.exists():
+            run_dir.check_frozen(run.frozen)
+        with _simulated_server(config) as live_config:
+            run.config = live_config
+            return asyncio.run(run.execute())
+    finally:
+        run_dir.unlock()
+
+
+def generate(
+    config: AppConfig, dataset_arg: str, out_dir: Path | None, *, progress: bool = True
+) -> Summary:
+    dataset = resolve_dataset(dataset_arg, config.datasets)
+    return _execute(config, dataset, out_dir or default_out_dir(dataset), progress)
+
+
+def resume(
+    run_path: Path,
+    *,
+    server_urls: list[str] | None = None,
+    concurrency: int | None = None,
+    progress: bool = True,
+) -> Summary:
+    run_dir = RunDir(run_path)
+    manifest = run_dir.read()
+    if "config" not in manifest:
+        raise RunDirError(f"{run_path}/run.json lacks its settings; start a new run")
+    config = AppConfig.model_validate(manifest["config"])
+    if server_urls:
+        config = config.model_copy(
+            update={"server": config.server.model_copy(update={"urls": server_urls})}
+        )
+    if concurrency:
+        config = config.model_copy(
+            update={"run": config.run.model_copy(update={"concurrency": concurrency})}
+        )
+    frozen = run_dir.frozen()
+    dataset = ResolvedDataset(frozen.dataset_name, frozen.dataset)
+    return _execute(config, dataset, run_path, progress)

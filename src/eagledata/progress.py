@@ -1,0 +1,110 @@
+"""The only tqdm user: a live bar while a run goes, and the plain summary at its end."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import TextIO
+
+from tqdm import tqdm
+
+
+class RateWindow:
+    """Tokens per second over the last ``window_s`` seconds (the lifetime mean hides stalls)."""
+
+    def __init__(self, window_s: float = 60.0) -> None:
+        self.window_s = window_s
+        self._events: deque[tuple[float, int]] = deque()
+        self._sum = 0
+
+    def add(self, tokens: int, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        self._events.append((now, tokens))
+        self._sum += tokens
+        self._trim(now)
+
+    def _trim(self, now: float) -> None:
+        while self._events and self._events[0][0] < now - self.window_s:
+            self._sum -= self._events.popleft()[1]
+
+    def rate(self, now: float | None = None) -> float:
+        now = time.monotonic() if now is None else now
+        self._trim(now)
+        if not self._events:
+            return 0.0
+        span = max(now - self._events[0][0], 1.0)
+        return self._sum / span
+
+
+class Progress:
+    """Records done of planned, output tok/s, requests in flight, held by the guard, ETA."""
+
+    def __init__(
+        self, *, total: int | None, initial: int, enabled: bool = True, stream: TextIO | None = None
+    ) -> None:
+        self.rate = RateWindow()
+        self._bar = tqdm(
+            total=total,
+            initial=initial,
+            unit="rec",
+            dynamic_ncols=True,
+            disable=not enabled,
+            file=stream or sys.stderr,
+            smoothing=0.05,
+        )
+        self._last_postfix = 0.0
+
+    def advance(self, *, tokens: int = 0, in_flight: int = 0, held: int = 0) -> None:
+        if tokens:
+            self.rate.add(tokens)
+        self._bar.update(1)
+        now = time.monotonic()
+        if now - self._last_postfix >= 0.5:
+            self._last_postfix = now
+            self._bar.set_postfix(
+                {"tok/s": f"{self.rate.rate(now):,.0f}", "in_flight": in_flight, "held": held},
+                refresh=False,
+            )
+
+    def note(self, message: str) -> None:
+        self._bar.write(message, file=sys.stderr)
+
+    def close(self) -> None:
+        self._bar.close()
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    run_dir: str
+    planned: int | None
+    written: int
+    failed: int
+    skipped: int
+    left: int | None
+    session_records: int
+    session_failures: int
+    session_tokens: int
+    elapsed_s: float
+    interrupted: str | None = None
+
+    @property
+    def tok_per_s(self) -> float:
+        return self.session_tokens / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    def render(self) -> str:
+        planned = "?" if self.planned is None else f"{self.planned:,}"
+        left = "?" if self.left is None else f"{self.left:,}"
+        lines = [
+            f"planned {planned} = written {self.written:,} + failed {self.failed:,} "
+            f"+ skipped {self.skipped:,} + left {left}",
+            f"this session: {self.session_records:,} records, {self.session_failures:,} failures, "
+            f"{self.session_tokens:,} output tokens in {self.elapsed_s:,.1f}s "
+            f"({self.tok_per_s:,.1f} tok/s)",
+        ]
+        if self.interrupted:
+            lines.append(f"stopped early: {self.interrupted}; continue with "
+                         f"'eagledata resume {self.run_dir}'")
+        lines.append(f"output: {self.run_dir}/shards/*.jsonl (failures: {self.run_dir}/failures.jsonl)")
+        return "\n".join(lines)

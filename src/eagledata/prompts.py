@@ -1,0 +1,103 @@
+"""Step 2: a dataset row becomes the chat messages the model is prompted with.
+
+Contents pass through untouched (no strip, no normalization): the drafter must learn from exactly
+what the target model saw. A multi-turn row is cut after its last user turn; the dataset's own
+assistant turns before it stay as context.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from eagledata.config import DatasetSettings
+from eagledata.errors import BadRowError
+
+Message = dict[str, str]
+Schema = Literal["sharegpt", "messages", "prompt"]
+
+# ShareGPT speaker names seen in the drafter datasets (SpecForge prepare_data.py and Magpie).
+SHAREGPT_ROLES = {
+    "human": "user",
+    "user": "user",
+    "gpt": "assistant",
+    "chatgpt": "assistant",
+    "bing": "assistant",
+    "bard": "assistant",
+    "assistant": "assistant",
+    "model": "assistant",
+    "system": "system",
+}
+OPENAI_ROLES = {"user", "assistant", "system"}
+
+
+def detect_schema(data: dict[str, Any], settings: DatasetSettings) -> Schema:
+    if settings.schema_ != "auto":
+        return settings.schema_
+    if "conversations" in data:
+        return "sharegpt"
+    if "messages" in data:
+        return "messages"
+    if settings.prompt_field in data:
+        return "prompt"
+    fields = ", ".join(sorted(data)) or "none"
+    raise BadRowError(
+        f"no conversations, messages or {settings.prompt_field!r} field (fields: {fields})",
+        reason="missing_field",
+    )
+
+
+def _turns(data: dict[str, Any], field: str) -> list[Any]:
+    turns = data.get(field)
+    if turns is None:
+        raise BadRowError(f"missing field {field!r}", reason="missing_field")
+    if not isinstance(turns, list):
+        raise BadRowError(f"{field} is {type(turns).__name__}, not a list", reason="bad_schema")
+    if not turns:
+        raise BadRowError(f"{field} is empty", reason="empty_conversation")
+    return turns
+
+
+def _message(turn: Any, where: str, role_key: str, text_key: str, roles: dict[str, str]) -> Message:
+    if not isinstance(turn, dict):
+        raise BadRowError(f"{where} is {type(turn).__name__}, not an object", reason="bad_schema")
+    role = turn.get(role_key)
+    if role not in roles:
+        raise BadRowError(f"{where}.{role_key}: unknown role {role!r}", reason="unknown_role")
+    content = turn.get(text_key)
+    if not isinstance(content, str):
+        kind = "missing" if content is None else type(content).__name__
+        raise BadRowError(f"{where}.{text_key}: content is {kind}, not a string", reason="bad_content")
+    return {"role": roles[role], "content": content}
+
+
+def to_messages(data: dict[str, Any], settings: DatasetSettings) -> list[Message]:
+    """The prompt messages for one row, or ``BadRowError`` naming what is wrong with it."""
+    schema = detect_schema(data, settings)
+    if schema == "prompt":
+        prompt = data.get(settings.prompt_field)
+        if not isinstance(prompt, str):
+            kind = "missing" if prompt is None else type(prompt).__name__
+            raise BadRowError(f"{settings.prompt_field}: {kind}, not a string", reason="bad_content")
+        messages = [{"role": "user", "content": prompt}]
+    elif schema == "sharegpt":
+        turns = _turns(data, "conversations")
+        messages = [
+            _message(turn, f"conversations[{i}]", "from", "value", SHAREGPT_ROLES)
+            for i, turn in enumerate(turns)
+        ]
+    else:
+        turns = _turns(data, "messages")
+        identity = {role: role for role in OPENAI_ROLES}
+        messages = [
+            _message(turn, f"messages[{i}]", "role", "content", identity)
+            for i, turn in enumerate(turns)
+        ]
+    last_user = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=None)
+    if last_user is None:
+        raise BadRowError("no user turn to answer", reason="no_user_turn")
+    messages = messages[: last_user + 1]
+    if not messages[-1]["content"].strip():
+        raise BadRowError("the last user turn is empty", reason="empty_prompt")
+    if settings.system_prompt is not None and messages[0]["role"] != "system":
+        messages.insert(0, {"role": "system", "content": settings.system_prompt})
+    return messages

@@ -1,0 +1,83 @@
+"""The record contract (DESIGN.md): what one line of a shard and of the failure file holds."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from eagledata.client import GenerateResult
+from eagledata.prompts import Message
+
+REQUIRED_RECORD_KEYS = (
+    "id",
+    "input_ids",
+    "output_ids",
+    "text",
+    "finish_reason",
+    "prompt_tokens",
+    "completion_tokens",
+    "messages",
+)
+
+
+def record_id(dataset: str, row_id: str, sample: int) -> str:
+    """Stable and unique: dataset, source row, sample index."""
+    return f"{dataset}/{row_id}/{sample}"
+
+
+def make_record(
+    *,
+    item_id: str,
+    dataset: str,
+    row_id: str,
+    sample: int,
+    messages: list[Message],
+    input_ids: list[int],
+    result: GenerateResult,
+) -> dict[str, Any]:
+    # ``id`` first: a reader that wants only ids can stop parsing early.
+    return {
+        "id": item_id,
+        "dataset": dataset,
+        "row_id": row_id,
+        "sample": sample,
+        "finish_reason": result.finish_reason,
+        "prompt_tokens": result.prompt_tokens,
+        "completion_tokens": result.completion_tokens,
+        "created_at": time.time(),
+        "messages": messages,
+        "input_ids": input_ids,
+        "output_ids": result.output_ids,
+        "text": result.text,
+        # ``matched`` may be an id or a stop string; keep the column typed for Arrow.
+        "matched_token_id": result.matched if isinstance(result.matched, int) else None,
+        "cached_tokens": result.cached_tokens,
+        "server": result.server,
+        "rid": result.rid,
+        "weight_version": result.weight_version,
+        "e2e_latency": result.e2e_latency,
+    }
+
+
+def failure_entry(
+    *,
+    item_id: str,
+    dataset: str,
+    row_id: str,
+    sample: int,
+    reason: str,
+    message: str,
+    attempts: int,
+    status: str = "failed",
+) -> dict[str, Any]:
+    return {
+        "id": item_id,
+        "status": status,
+        "reason": reason,
+        "message": message,
+        "dataset": dataset,
+        "row_id": row_id,
+        "sample": sample,
+        "attempts": attempts,
+        "time": time.time(),
+    }

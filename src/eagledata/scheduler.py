@@ -1,0 +1,94 @@
+"""Step 4: a bounded queue, an in-flight limit and one task group.
+
+Two levels of backpressure: the producer blocks when the queue is full (memory stays flat however
+large the dataset), and at most ``concurrency`` items are being handled at once. Items are handled
+in completion order: one slow request never holds back the others.
+
+``stop()`` is the first Ctrl-C: take no new work, let in-flight items finish. Cancelling the task
+that awaits ``run()`` is the second: in-flight items are abandoned (their owners abort them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """Capped exponential backoff with full jitter (AWS architecture blog's recommendation)."""
+
+    max_attempts: int = 5
+    base_s: float = 1.0
+    cap_s: float = 60.0
+
+    def delay(self, attempt: int, rng: random.Random | None = None) -> float:
+        ceiling = min(self.cap_s, self.base_s * (2 ** max(0, attempt - 1)))
+        return (rng or random).uniform(0, ceiling)
+
+
+@dataclass(slots=True)
+class SchedulerStats:
+    started_at: float = field(default_factory=time.monotonic)
+    in_flight: int = 0
+    handled: int = 0
+    produced: int = 0
+
+
+class Scheduler(Generic[T]):
+    def __init__(self, concurrency: int, queue_size: int | None = None) -> None:
+        self.concurrency = concurrency
+        self.stats = SchedulerStats()
+        self._queue: asyncio.Queue[T | None] = asyncio.Queue(queue_size or 2 * concurrency)
+        self._stopping = False
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
+
+    def stop(self) -> None:
+        """Take no new work; items already being handled finish. Queued items stay undone."""
+        self._stopping = True
+        while not self._queue.empty():
+            self._queue.get_nowait()
+        for _ in range(self.concurrency):
+            try:
+                self._queue.put_nowait(None)
+            except asyncio.QueueFull:
+                break
+
+    async def run(self, source: AsyncIterator[T], handle: Callable[[T], Awaitable[None]]) -> None:
+        async with asyncio.TaskGroup() as group:
+            group.create_task(self._produce(source))
+            for _ in range(self.concurrency):
+                group.create_task(self._work(handle))
+
+    async def _produce(self, source: AsyncIterator[T]) -> None:
+        try:
+            async for item in source:
+                if self._stopping:
+                    break
+                await self._queue.put(item)
+                self.stats.produced += 1
+        finally:
+            if not self._stopping:
+                for _ in range(self.concurrency):
+                    await self._queue.put(None)
+
+    async def _work(self, handle: Callable[[T], Awaitable[None]]) -> None:
+        while not self._stopping:
+            item = await self._queue.get()
+            if item is None:
+                return
+            self.stats.in_flight += 1
+            try:
+                await handle(item)
+            finally:
+                self.stats.in_flight -= 1
+                self.stats.handled += 1

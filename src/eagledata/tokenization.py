@@ -1,0 +1,103 @@
+"""Step 3: messages become the exact ids sent, with the model's own tokenizer and chat template.
+
+The template is applied once per prompt, client-side; nothing downstream ever re-tokenizes. The
+length limit comes from the server (``max_req_input_len``, and prompt + max_new_tokens must stay
+below ``context_length``) and from an optional configured cap: an over-long prompt is never sent.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from eagledata.config import TokenizerSettings, resolve_bundled
+from eagledata.errors import BadRowError, PromptTooLongError, TokenizerError
+from eagledata.prompts import Message
+
+
+@dataclass(frozen=True, slots=True)
+class LengthLimit:
+    """The longest prompt that may be sent, and what sets that bound (for the failure reason)."""
+
+    max_prompt_tokens: int | None
+    source: str
+
+    @classmethod
+    def combine(
+        cls,
+        *,
+        configured_cap: int | None,
+        max_req_input_len: int | None,
+        context_length: int | None,
+        max_new_tokens: int,
+    ) -> LengthLimit:
+        bounds: list[tuple[int, str]] = []
+        if configured_cap is not None:
+            bounds.append((configured_cap, "generation.max_prompt_tokens"))
+        if max_req_input_len is not None:
+            bounds.append((max_req_input_len, "server max_req_input_len"))
+        if context_length is not None:
+            # SGLang answers 400 when prompt + max_new_tokens >= context_length.
+            bounds.append((context_length - max_new_tokens - 1, "server context_length"))
+        if not bounds:
+            return cls(None, "none")
+        limit, source = min(bounds)
+        return cls(max(limit, 0), source)
+
+
+class PromptTokenizer:
+    """Applies the chat template of a ``transformers.AutoTokenizer`` to messages."""
+
+    def __init__(self, settings: TokenizerSettings) -> None:
+        from transformers import AutoTokenizer  # deferred: the import costs seconds
+
+        self.settings = settings
+        source = resolve_bundled(settings.name)
+        try:
+            self._tokenizer = AutoTokenizer.from_pretrained(
+                source, revision=settings.revision, trust_remote_code=settings.trust_remote_code
+            )
+        except Exception as exc:  # transformers raises OSError, ValueError, HF hub errors, ...
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise TokenizerError(
+                f"cannot load tokenizer {settings.name!r}: {first}; pass --tokenizer with a local "
+                "directory or a reachable hub id"
+            ) from None
+        if not getattr(self._tokenizer, "chat_template", None):
+            raise TokenizerError(
+                f"tokenizer {settings.name!r} has no chat template; use the model's own tokenizer"
+            )
+
+    @property
+    def eos_token_id(self) -> int | None:
+        value = self._tokenizer.eos_token_id
+        return int(value) if value is not None else None
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self._tokenizer)
+
+    def encode(self, messages: list[Message]) -> list[int]:
+        kwargs: dict[str, Any] = dict(self.settings.chat_template_kwargs)
+        try:
+            ids = self._tokenizer.apply_chat_template(
+                messages, tokenize=True, add_generation_prompt=True, return_dict=False, **kwargs
+            )
+        except Exception as exc:  # the template's raise_exception() and jinja errors
+            raise BadRowError(f"chat template refused the row: {exc}", reason="template") from None
+        if ids and isinstance(ids[0], list):  # some versions wrap a single conversation
+            ids = ids[0]
+        return [int(token) for token in ids]
+
+    def decode(self, ids: list[int]) -> str:
+        return str(self._tokenizer.decode(ids, skip_special_tokens=False))
+
+
+def check_length(input_ids: list[int], limit: LengthLimit) -> None:
+    if not input_ids:
+        raise BadRowError("the templated prompt is empty", reason="empty_prompt")
+    if limit.max_prompt_tokens is not None and len(input_ids) > limit.max_prompt_tokens:
+        raise PromptTooLongError(
+            f"prompt has {len(input_ids)} tokens, over the limit of {limit.max_prompt_tokens} "
+            f"({limit.source})"
+        )
