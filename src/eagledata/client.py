@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import os
 import time
@@ -117,13 +118,14 @@ def parse_generate_item(item: Any, input_ids: list[int], rid: str, server: str) 
         )
     if not all(type(token) is int for token in output_ids):
         raise ContractViolationError("output_ids holds a non-integer")
+    text = item.get("text")
     cached = meta.get("cached_tokens")
     latency = meta.get("e2e_latency")
     return GenerateResult(
         rid=rid,
         server=server,
         output_ids=output_ids,
-        text=item.get("text") if isinstance(item.get("text"), str) else "",
+        text=text if isinstance(text, str) else "",
         finish_reason=kind,
         matched=finish.get("matched") if kind == "stop" and isinstance(finish, dict) else None,
         prompt_tokens=prompt_tokens,
@@ -225,7 +227,9 @@ class SGLangClient:
             raise ServerDownError(f"{endpoint.url}: cannot connect ({exc})") from None
         except httpx.TimeoutException:
             await self.abort(endpoint.url, rid)
-            raise RetryableItemError(f"{endpoint.url}: request timed out", reason="timeout") from None
+            raise RetryableItemError(
+                f"{endpoint.url}: request timed out", reason="timeout"
+            ) from None
         except asyncio.CancelledError:
             await self.abort(endpoint.url, rid)
             raise
@@ -266,12 +270,11 @@ class SGLangClient:
 
     async def abort(self, url: str, rid: str) -> None:
         """Ask the server to stop a generation we gave up on, so it stops holding KV cache."""
-        try:
+        # Best effort: the server also aborts a request whose client disconnected.
+        with contextlib.suppress(httpx.HTTPError, asyncio.CancelledError, RuntimeError):
             await asyncio.shield(
                 self._control.post(url + "/abort_request", json={"rid": rid}, timeout=5.0)
             )
-        except (httpx.HTTPError, asyncio.CancelledError, RuntimeError):
-            pass  # best effort: the server also aborts on client disconnect
 
     async def health(self, url: str) -> bool:
         try:

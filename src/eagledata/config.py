@@ -124,7 +124,7 @@ class RunSettings(Strict):
 
 class AppConfig(Strict):
     tokenizer: TokenizerSettings
-    generation: GenerationSettings = Field(default_factory=GenerationSettings)  # type: ignore[arg-type]
+    generation: GenerationSettings = Field(default_factory=GenerationSettings)
     server: ServerSettings = Field(default_factory=ServerSettings)
     run: RunSettings = Field(default_factory=RunSettings)
     datasets: dict[str, DatasetSettings] = Field(default_factory=dict)
@@ -143,7 +143,9 @@ class FrozenSettings(Strict):
     bf16_kv_bytes_per_token: int | None
 
     def fingerprint(self) -> str:
-        blob = orjson.dumps(self.model_dump(mode="json", by_alias=True), option=orjson.OPT_SORT_KEYS)
+        blob = orjson.dumps(
+            self.model_dump(mode="json", by_alias=True), option=orjson.OPT_SORT_KEYS
+        )
         return hashlib.sha256(blob).hexdigest()[:16]
 
 
@@ -204,4 +206,6 @@ def load_config(path: Path | None, overrides: dict[str, Any] | None = None) -> A
         return AppConfig.model_validate(raw)
     except ValidationError as exc:
         where = f"{path}: " if path is not None else ""
-        raise ConfigError(where + format_validation_error(exc).replace("\n", f"\n{where}")) from None
+        raise ConfigError(
+            where + format_validation_error(exc).replace("\n", f"\n{where}")
+        ) from None

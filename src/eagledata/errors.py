@@ -64,7 +64,7 @@ class RunDirError(EagledataError):
 
 
 class StorageError(RunDirError):
-    """Writing to the run directory failed (disk full, permissions). Committed records are intact."""
+    """Writing to the run directory failed (disk full, permissions). Committed data is intact."""
 
 
 class LaunchError(EagledataError):
@@ -77,7 +77,7 @@ class LaunchError(EagledataError):
 
 
 class ItemError(EagledataError):
-    """One item failed. ``reason`` is the short machine-readable cause written to the failure file."""
+    """One item failed. ``reason`` is the short cause written to the failure file."""
 
     reason = "error"
 

@@ -10,6 +10,7 @@ an fp8 one between two checks cannot slip a record in. A failing check drops eve
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -126,10 +127,8 @@ class KVGuard(Generic[T]):
     async def run(self) -> None:
         """The periodic check loop; runs until cancelled by its owner's task group."""
         while True:
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout=self.interval_s)
-            except TimeoutError:
-                pass
             self._wake.clear()
             await self.client.revive(self.check_reconnected)
             await self.check_and_release()

@@ -75,7 +75,7 @@ class RunTotals:
 
 
 def record_files(run_dir: Path) -> list[Path]:
-    files = []
+    files: list[Path] = []
     for folder in (run_dir / "shards", run_dir / "pending"):
         if folder.is_dir():
             files.extend(

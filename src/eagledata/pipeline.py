@@ -136,11 +136,18 @@ class Run:
                 continue
             if duplicate:
                 for sample, item_id in todo:
-                    yield Outcome(failure_entry(
-                        item_id=item_id, dataset=name, row_id=row_id, sample=sample,
-                        reason="duplicate_id", attempts=0, status="skipped",
-                        message=f"row {row.index} repeats the id {row.row_id!r} of an earlier row",
-                    ))
+                    yield Outcome(
+                        failure_entry(
+                            item_id=item_id,
+                            dataset=name,
+                            row_id=row_id,
+                            sample=sample,
+                            reason="duplicate_id",
+                            attempts=0,
+                            status="skipped",
+                            message=f"row {row.index} repeats the id {row.row_id!r} of an earlier row",
+                        )
+                    )
                 continue
             try:
                 if row.data is None:
@@ -150,10 +157,17 @@ class Run:
                 check_length(input_ids, limit)
             except ItemError as exc:
                 for sample, item_id in todo:
-                    yield Outcome(failure_entry(
-                        item_id=item_id, dataset=name, row_id=row_id, sample=sample,
-                        reason=exc.reason, message=str(exc), attempts=0,
-                    ))
+                    yield Outcome(
+                        failure_entry(
+                            item_id=item_id,
+                            dataset=name,
+                            row_id=row_id,
+                            sample=sample,
+                            reason=exc.reason,
+                            message=str(exc),
+                            attempts=0,
+                        )
+                    )
                 continue
             for sample, item_id in todo:
                 yield WorkItem(item_id, row_id, sample, messages, input_ids)
@@ -207,12 +221,24 @@ class Run:
             return
 
     def _fail(
-        self, item: WorkItem, exc: ItemError, attempts: int, failures: FailureLog, progress: Progress
+        self,
+        item: WorkItem,
+        exc: ItemError,
+        attempts: int,
+        failures: FailureLog,
+        progress: Progress,
     ) -> None:
-        failures.write(failure_entry(
-            item_id=item.item_id, dataset=self.dataset.name, row_id=item.row_id,
-            sample=item.sample, reason=exc.reason, message=str(exc), attempts=attempts,
-        ))
+        failures.write(
+            failure_entry(
+                item_id=item.item_id,
+                dataset=self.dataset.name,
+                row_id=item.row_id,
+                sample=item.sample,
+                reason=exc.reason,
+                message=str(exc),
+                attempts=attempts,
+            )
+        )
         self.counts.failures += 1
         progress.advance()
 
@@ -232,7 +258,8 @@ class Run:
         estimate = rows * samples if rows is not None else None
         planned_before = self.run_dir.planned() if self.run_dir.exists() else None
         progress = Progress(
-            total=planned_before or estimate, initial=len(totals.done_ids),
+            total=planned_before or estimate,
+            initial=len(totals.done_ids),
             enabled=self.show_progress,
         )
         api_key = SGLangClient.api_key_from_env(config.server.api_key_env)
@@ -247,15 +274,22 @@ class Run:
 
         def release(payload: tuple[WorkItem, Any]) -> None:
             item, result = payload
-            writer.write(make_record(
-                item_id=item.item_id, dataset=self.dataset.name, row_id=item.row_id,
-                sample=item.sample, messages=item.messages, input_ids=item.input_ids,
-                result=result,
-            ))
+            writer.write(
+                make_record(
+                    item_id=item.item_id,
+                    dataset=self.dataset.name,
+                    row_id=item.row_id,
+                    sample=item.sample,
+                    messages=item.messages,
+                    input_ids=item.input_ids,
+                    result=result,
+                )
+            )
             self.counts.records += 1
             self.counts.tokens += result.completion_tokens
             progress.advance(
-                tokens=result.completion_tokens, in_flight=scheduler.stats.in_flight,
+                tokens=result.completion_tokens,
+                in_flight=scheduler.stats.in_flight,
                 held=guard.held,
             )
 
@@ -280,9 +314,12 @@ class Run:
                         async with asyncio.TaskGroup() as group:
                             guard_task = group.create_task(guard.run())
                             try:
-                                await scheduler.run(self._source(plan, failures, progress),
-                                                    lambda item: self._handle(
-                                                        item, client, guard, failures, progress))
+                                await scheduler.run(
+                                    self._source(plan, failures, progress),
+                                    lambda item: self._handle(
+                                        item, client, guard, failures, progress
+                                    ),
+                                )
                             finally:
                                 guard_task.cancel()
                     except BaseExceptionGroup as group_error:
@@ -328,7 +365,9 @@ class Run:
         return {
             "config": self.config.model_dump(mode="json", by_alias=True),
             "planned_estimate": estimate,
-            "server_facts": {url: facts.model_dump(mode="json") for url, facts in guard.facts.items()},
+            "server_facts": {
+                url: facts.model_dump(mode="json") for url, facts in guard.facts.items()
+            },
         }
 
     @contextlib.contextmanager
@@ -413,7 +452,8 @@ def generate(
     config: AppConfig, dataset_arg: str, out_dir: Path | None, *, progress: bool = True
 ) -> Summary:
     dataset = resolve_dataset(dataset_arg, config.datasets)
-    return _execute(config, dataset, out_dir or default_out_dir(dataset), progress)
+    out = out_dir or config.run.out_dir or default_out_dir(dataset)
+    return _execute(config, dataset, out, progress)
 
 
 def resume(

@@ -104,7 +104,11 @@ class Summary:
             f"({self.tok_per_s:,.1f} tok/s)",
         ]
         if self.interrupted:
-            lines.append(f"stopped early: {self.interrupted}; continue with "
-                         f"'eagledata resume {self.run_dir}'")
-        lines.append(f"output: {self.run_dir}/shards/*.jsonl (failures: {self.run_dir}/failures.jsonl)")
+            lines.append(
+                f"stopped early: {self.interrupted}; continue with "
+                f"'eagledata resume {self.run_dir}'"
+            )
+        lines.append(
+            f"output: {self.run_dir}/shards/*.jsonl (failures: {self.run_dir}/failures.jsonl)"
+        )
         return "\n".join(lines)

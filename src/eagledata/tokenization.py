@@ -87,7 +87,7 @@ class PromptTokenizer:
             raise BadRowError(f"chat template refused the row: {exc}", reason="template") from None
         if ids and isinstance(ids[0], list):  # some versions wrap a single conversation
             ids = ids[0]
-        return [int(token) for token in ids]
+        return [int(token) for token in ids]  # type: ignore[arg-type]
 
     def decode(self, ids: list[int]) -> str:
         return str(self._tokenizer.decode(ids, skip_special_tokens=False))

@@ -1,0 +1,201 @@
+"""``eagledata verify`` and ``eagledata status``: read-only reports over a run directory."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import orjson
+
+from eagledata.manifest import RunDir, record_files, scan_totals
+from eagledata.records import REQUIRED_RECORD_KEYS
+
+MAX_LISTED = 50
+
+
+@dataclass
+class VerifyReport:
+    records: int = 0
+    failures: int = 0
+    problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def add(self, problem: str) -> None:
+        self.problems.append(problem)
+
+
+def _check_record(record: object, where: str, report: VerifyReport) -> str | None:
+    if not isinstance(record, dict):
+        report.add(f"{where}: not a JSON object")
+        return None
+    missing = [key for key in REQUIRED_RECORD_KEYS if key not in record]
+    if missing:
+        report.add(f"{where}: missing {', '.join(missing)}")
+        return None
+    input_ids, output_ids = record["input_ids"], record["output_ids"]
+    if not (isinstance(input_ids, list) and all(type(t) is int for t in input_ids)):
+        report.add(f"{where}: input_ids is not a list of ints")
+    elif record["prompt_tokens"] != len(input_ids):
+        report.add(f"{where}: prompt_tokens {record['prompt_tokens']} != {len(input_ids)} ids")
+    if not (isinstance(output_ids, list) and all(type(t) is int for t in output_ids)):
+        report.add(f"{where}: output_ids is not a list of ints")
+    elif record["completion_tokens"] != len(output_ids):
+        report.add(
+            f"{where}: completion_tokens {record['completion_tokens']} != {len(output_ids)} ids"
+        )
+    elif record["finish_reason"] == "stop" and isinstance(record.get("matched_token_id"), int):
+        if not output_ids or output_ids[-1] != record["matched_token_id"]:
+            report.add(f"{where}: finish 'stop' but the matched token is not the last output id")
+    if record["finish_reason"] not in ("stop", "length"):
+        report.add(f"{where}: finish_reason {record['finish_reason']!r} is not stop or length")
+    item_id = record["id"]
+    return item_id if isinstance(item_id, str) else None
+
+
+def verify_run(path: Path) -> VerifyReport:
+    run_dir = RunDir(path)
+    run_dir.read()  # refuses a non-run directory or another schema with its own message
+    report = VerifyReport()
+    seen: dict[str, str] = {}
+
+    def claim(item_id: str, where: str) -> None:
+        if item_id in seen:
+            report.add(f"{where}: id {item_id!r} already at {seen[item_id]}")
+        else:
+            seen[item_id] = where
+
+    for shard in record_files(path):
+        relative = shard.relative_to(path)
+        data = shard.read_bytes()
+        if data and not data.endswith(b"\n"):
+            torn = "a torn last line (repaired by 'eagledata resume')"
+            if shard.parent.name == "pending":
+                report.notes.append(f"{relative}: {torn}")
+            else:
+                report.add(f"{relative}: sealed shard with {torn}")
+            data = data[: data.rfind(b"\n") + 1]
+        for line_no, line in enumerate(data.splitlines(), start=1):
+            where = f"{relative}:{line_no}"
+            try:
+                record = orjson.loads(line)
+            except orjson.JSONDecodeError as exc:
+                report.add(f"{where}: invalid JSON ({exc})")
+                continue
+            report.records += 1
+            item_id = _check_record(record, where, report)
+            if item_id is not None:
+                claim(item_id, where)
+    failures = path / "failures.jsonl"
+    if failures.is_file():
+        for line_no, line in enumerate(failures.read_bytes().splitlines(), start=1):
+            where = f"failures.jsonl:{line_no}"
+            try:
+                entry = orjson.loads(line)
+            except orjson.JSONDecodeError:
+                report.add(f"{where}: invalid JSON")
+                continue
+            report.failures += 1
+            if not isinstance(entry, dict) or not isinstance(entry.get("id"), str):
+                report.add(f"{where}: failure entry without an id")
+                continue
+            if not entry.get("reason"):
+                report.add(f"{where}: failure entry without a reason")
+            claim(entry["id"], where)
+    planned = run_dir.planned()
+    plan_complete = (path / "plan.json").is_file()
+    accounted = report.records + report.failures
+    if plan_complete and planned is not None and accounted != planned:
+        report.add(
+            f"plan has {planned} items but {accounted} are accounted for "
+            f"({report.records} records + {report.failures} failed/skipped)"
+        )
+    elif not plan_complete:
+        report.notes.append("the run has not finished its plan yet; counts are not reconciled")
+    del report.problems[MAX_LISTED:]
+    return report
+
+
+@dataclass(frozen=True)
+class StatusReport:
+    run_dir: str
+    planned: int | None
+    plan_complete: bool
+    written: int
+    failed: int
+    skipped: int
+    prompt_tokens: int
+    completion_tokens: int
+    recent_tok_per_s: float
+    recent_rec_per_s: float
+    failure_reasons: dict[str, int]
+
+    @property
+    def left(self) -> int | None:
+        if self.planned is None:
+            return None
+        return max(self.planned - self.written - self.failed - self.skipped, 0)
+
+    @property
+    def eta_s(self) -> float | None:
+        if self.left is None or self.recent_rec_per_s <= 0:
+            return None
+        return self.left / self.recent_rec_per_s
+
+    def render(self) -> str:
+        planned = "?" if self.planned is None else f"{self.planned:,}"
+        if self.planned is not None and not self.plan_complete:
+            planned += " (estimate)"
+        left = "?" if self.left is None else f"{self.left:,}"
+        eta = "?" if self.eta_s is None else _duration(self.eta_s)
+        lines = [
+            f"run:      {self.run_dir}",
+            f"planned:  {planned}",
+            f"written:  {self.written:,}",
+            f"failed:   {self.failed:,}" + _reasons(self.failure_reasons),
+            f"skipped:  {self.skipped:,}",
+            f"left:     {left}",
+            f"tokens:   {self.prompt_tokens:,} prompt, {self.completion_tokens:,} output",
+            f"rate:     {self.recent_tok_per_s:,.1f} output tok/s, "
+            f"{self.recent_rec_per_s * 3600:,.0f} records/h (last 10 min)",
+            f"eta:      {eta}",
+        ]
+        return "\n".join(lines)
+
+
+def _reasons(reasons: dict[str, int]) -> str:
+    if not reasons:
+        return ""
+    return " (" + ", ".join(f"{name} {count}" for name, count in sorted(reasons.items())) + ")"
+
+
+def _duration(seconds: float) -> str:
+    hours, rest = divmod(int(seconds), 3600)
+    return f"{hours}h{rest // 60:02d}m" if hours else f"{rest // 60}m{rest % 60:02d}s"
+
+
+def run_status(path: Path, window_s: float = 600.0) -> StatusReport:
+    run_dir = RunDir(path)
+    run_dir.read()
+    totals = scan_totals(path, recent_window_s=window_s)
+    now = time.time()
+    tokens = sum(count for _, count in totals.recent)
+    span = min(window_s, now - min((t for t, _ in totals.recent), default=now))
+    span = max(span, 1.0)
+    return StatusReport(
+        run_dir=str(path),
+        planned=run_dir.planned(),
+        plan_complete=(path / "plan.json").is_file(),
+        written=totals.written,
+        failed=totals.failed,
+        skipped=totals.skipped,
+        prompt_tokens=totals.prompt_tokens,
+        completion_tokens=totals.completion_tokens,
+        recent_tok_per_s=tokens / span if totals.recent else 0.0,
+        recent_rec_per_s=len(totals.recent) / span if totals.recent else 0.0,
+        failure_reasons=totals.failure_reasons,
+    )
