@@ -58,7 +58,9 @@ def resolve_dataset(name_or_path: str, table: dict[str, DatasetSettings]) -> Res
             )
         return ResolvedDataset(path.stem, DatasetSettings(source=str(path)))
     if "/" in name_or_path and not name_or_path.startswith("/"):
-        return ResolvedDataset(name_or_path.replace("/", "__"), DatasetSettings(source=name_or_path))
+        return ResolvedDataset(
+            name_or_path.replace("/", "__"), DatasetSettings(source=name_or_path)
+        )
     known = ", ".join(sorted(table)) or "none configured"
     raise DatasetError(
         f"unknown dataset {name_or_path!r}; use a name from the config ({known}), "

@@ -66,7 +66,9 @@ def _message(turn: Any, where: str, role_key: str, text_key: str, roles: dict[st
     content = turn.get(text_key)
     if not isinstance(content, str):
         kind = "missing" if content is None else type(content).__name__
-        raise BadRowError(f"{where}.{text_key}: content is {kind}, not a string", reason="bad_content")
+        raise BadRowError(
+            f"{where}.{text_key}: content is {kind}, not a string", reason="bad_content"
+        )
     return {"role": roles[role], "content": content}
 
 
@@ -77,7 +79,9 @@ def to_messages(data: dict[str, Any], settings: DatasetSettings) -> list[Message
         prompt = data.get(settings.prompt_field)
         if not isinstance(prompt, str):
             kind = "missing" if prompt is None else type(prompt).__name__
-            raise BadRowError(f"{settings.prompt_field}: {kind}, not a string", reason="bad_content")
+            raise BadRowError(
+                f"{settings.prompt_field}: {kind}, not a string", reason="bad_content"
+            )
         messages = [{"role": "user", "content": prompt}]
     elif schema == "sharegpt":
         turns = _turns(data, "conversations")

@@ -109,7 +109,10 @@ class Journal:
         self.size += written
         self.lines += 1
         self._dirty = True
-        if self.fsync_interval_s == 0 or time.monotonic() - self._last_sync >= self.fsync_interval_s:
+        if (
+            self.fsync_interval_s == 0
+            or time.monotonic() - self._last_sync >= self.fsync_interval_s
+        ):
             self.sync()
 
     def _truncate_to(self, size: int) -> None:
