@@ -1,0 +1,352 @@
+"""``launch-server``: start SGLang from a profile, wait until it serves, check its KV cache.
+
+The command is ``scripts/launch_sglang.sh`` followed by the profile's flags, then any extra
+arguments (argparse lets the last occurrence win, so extras override the profile). Before
+anything starts, the whole argument list is checked: a KV cache dtype other than bf16, an
+fp8-scales file or a ``--config`` YAML (which could set the dtype out of sight) is refused with
+``LaunchError``. The shell script repeats the dtype check as a second line of defence, and after
+start-up the server's own ``/server_info`` goes through the bf16 guard.
+
+Argument matching follows argparse, including unambiguous prefixes (``--kv-cache fp8_e4m3``
+means ``--kv-cache-dtype fp8_e4m3`` to SGLang) and the ``--flag=value`` form.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from eagledata.capacity import KVModel
+from eagledata.errors import (
+    LaunchError,
+    ServerRefusedError,
+    ServerUnavailableError,
+)
+from eagledata.profiles import BF16_KV_DTYPES, Profile
+from eagledata.serverfacts import GuardVerdict, ServerFacts, evaluate_kv_guard
+
+DEFAULT_SCRIPT = Path("scripts/launch_sglang.sh")
+
+KV_REASON = (
+    "eagledata serves only a bf16 KV cache: an fp8 KV cache degraded Kimi-K2.5 "
+    "(INT4 weights, compressed MLA latent) and poisons the drafter's training data"
+)
+
+_KV_FLAG = "--kv-cache-dtype"
+_KV_MIN_PREFIX = len("--kv-c")
+_SCALES_FLAG = "--quantization-param-path"
+_SCALES_MIN_PREFIX = len("--quantization-")
+_CONFIG_FLAG = "--config"
+_CONFIG_MIN_PREFIX = len("--conf")
+_MODEL_FLAGS = ("--model-path", "--model")
+
+ProgressCallback = Callable[[str], None]
+
+
+def _is_prefix_of(name: str, flag: str, min_length: int) -> bool:
+    """True when argparse could read ``name`` as ``flag`` (exact, or a long-enough prefix)."""
+    return len(name) >= min_length and flag.startswith(name)
+
+
+def _refuse_kv_value(flag: str, value: str) -> LaunchError:
+    if value == "auto":
+        why = (
+            "SGLang silently resolves 'auto' to fp8 for checkpoints that declare an fp8 KV "
+            f"cache; {KV_REASON}"
+        )
+    else:
+        why = KV_REASON
+    return LaunchError(
+        f"refused {flag} {value}: {why}. Fix: drop the override; every launch profile "
+        f"passes {_KV_FLAG} bf16"
+    )
+
+
+def check_server_args(argv: Sequence[str]) -> None:
+    """Raise ``LaunchError`` if ``argv`` could give SGLang anything but a bf16 KV cache."""
+    seen_kv = False
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        i += 1
+        if not token.startswith("--"):
+            continue
+        name, has_value, inline = token.partition("=")
+        if _is_prefix_of(name, _KV_FLAG, _KV_MIN_PREFIX):
+            if has_value:
+                value = inline
+            elif i < len(argv):
+                value = argv[i]
+                i += 1
+            else:
+                raise LaunchError(f"refused {name}: it needs a value. Fix: {_KV_FLAG} bf16")
+            if value not in BF16_KV_DTYPES:
+                raise _refuse_kv_value(name, value)
+            seen_kv = True
+        elif _is_prefix_of(name, _SCALES_FLAG, _SCALES_MIN_PREFIX):
+            raise LaunchError(
+                f"refused {name}: it loads KV scaling factors, used only by an fp8 KV cache; "
+                f"{KV_REASON}. Fix: remove it"
+            )
+        elif _is_prefix_of(name, _CONFIG_FLAG, _CONFIG_MIN_PREFIX):
+            raise LaunchError(
+                f"refused {name}: a YAML config can set kv-cache-dtype out of sight of this "
+                "check. Fix: put the flags in the profile's [sglang_args] or pass them as "
+                "extra arguments"
+            )
+    if not seen_kv:
+        raise LaunchError(f"refused: no {_KV_FLAG} given. Fix: pass {_KV_FLAG} bf16")
+
+
+def model_from_argv(argv: Sequence[str]) -> str | None:
+    """The model path SGLang will load: the last ``--model-path``/``--model`` value."""
+    model: str | None = None
+    for index, token in enumerate(argv):
+        name, has_value, inline = token.partition("=")
+        if name in _MODEL_FLAGS:
+            if has_value:
+                model = inline
+            elif index + 1 < len(argv):
+                model = argv[index + 1]
+    return model
+
+
+def build_launch_command(
+    profile: Profile,
+    extra_args: Sequence[str] = (),
+    *,
+    script: str | Path = DEFAULT_SCRIPT,
+) -> list[str]:
+    """The exact argv to run: ``script``, the profile's flags, then ``extra_args``."""
+    if profile.plan_only:
+        raise LaunchError(
+            f"refused profile {profile.name!r}: it is plan_only, a planner comparison row that "
+            f"is never launched (kv-cache-dtype {profile.kv_cache_dtype}: {KV_REASON}). "
+            "Fix: launch a bf16 profile such as kimi-k25-tp8"
+        )
+    argv = [*profile.server_argv(), *extra_args]
+    check_server_args(argv)
+    return [str(script), *argv]
+
+
+def format_command(command: Sequence[str]) -> str:
+    """The command as one shell-quoted line (what ``--dry-run`` prints)."""
+    return shlex.join(command)
+
+
+# --- HTTP: the health poll and /server_info ------------------------------------------------
+
+
+def probe_health(client: httpx.Client, base_url: str) -> tuple[bool, str]:
+    """One ``GET /health``: ``(ready, what was seen)``. Never raises for network trouble."""
+    try:
+        response = client.get(f"{base_url}/health")
+    except httpx.ConnectError:
+        return False, "not listening yet"
+    except httpx.TimeoutException:
+        return False, "timed out"
+    except httpx.HTTPError as error:
+        return False, type(error).__name__
+    if response.status_code == 200:
+        return True, "HTTP 200"
+    return False, f"HTTP {response.status_code}"
+
+
+def fetch_server_info(client: httpx.Client, base_url: str) -> object:
+    """The JSON body of ``/server_info`` (falls back to ``/get_server_info`` on a 404)."""
+    last = ""
+    for route in ("/server_info", "/get_server_info"):
+        try:
+            response = client.get(f"{base_url}{route}")
+        except httpx.HTTPError as error:
+            raise ServerUnavailableError(
+                f"{base_url}{route}: {type(error).__name__}: {error}"
+            ) from None
+        if response.status_code == 404:
+            last = f"{route}: HTTP 404"
+            continue
+        if response.status_code != 200:
+            raise ServerRefusedError(f"{base_url}{route}: HTTP {response.status_code}")
+        try:
+            return response.json()
+        except ValueError:
+            raise ServerRefusedError(f"{base_url}{route}: body is not JSON") from None
+    raise ServerRefusedError(f"{base_url}: no server_info endpoint ({last})")
+
+
+def wait_for_health(
+    client: httpx.Client,
+    base_url: str,
+    *,
+    deadline_s: float,
+    poll_interval_s: float = 5.0,
+    on_progress: ProgressCallback | None = None,
+    process: subprocess.Popen[bytes] | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> float:
+    """Poll ``/health`` until 200; returns the seconds waited.
+
+    Raises ``LaunchError`` when ``process`` exits first or ``deadline_s`` passes.
+    """
+    start = clock()
+    while True:
+        if process is not None and process.poll() is not None:
+            raise LaunchError(
+                f"sglang exited with code {process.returncode} before {base_url}/health "
+                "answered. Fix: read the server output above"
+            )
+        ready, seen = probe_health(client, base_url)
+        elapsed = clock() - start
+        if ready:
+            if on_progress is not None:
+                on_progress(f"{base_url}/health ready after {elapsed:.0f}s")
+            return elapsed
+        if elapsed >= deadline_s:
+            raise LaunchError(
+                f"{base_url}/health not ready after {deadline_s:.0f}s (last: {seen}). "
+                "Fix: read the server output; loading ~600 GB of weights can take a while, "
+                "raise the deadline"
+            )
+        if on_progress is not None:
+            on_progress(f"waiting for {base_url}/health: {seen} ({elapsed:.0f}s)")
+        sleep(max(0.0, min(poll_interval_s, deadline_s - elapsed)))
+
+
+def check_running_server(
+    client: httpx.Client,
+    base_url: str,
+    *,
+    expected_model: str | None,
+    bf16_bytes_per_token: int | None,
+    expected_version: str | None = None,
+) -> tuple[ServerFacts, GuardVerdict]:
+    """Fetch ``/server_info`` and judge it (what ``check-server`` needs)."""
+    facts = ServerFacts.from_server_info(fetch_server_info(client, base_url))
+    verdict = evaluate_kv_guard(
+        facts, expected_model=expected_model, bf16_bytes_per_token=bf16_bytes_per_token
+    )
+    if expected_version and facts.version and facts.version != expected_version:
+        note = (
+            f"server runs sglang {facts.version}, the profile was checked against "
+            f"{expected_version}"
+        )
+        verdict = verdict.model_copy(update={"notes": [*verdict.notes, note]})
+    return facts, verdict
+
+
+# --- the launch ------------------------------------------------------------------------------
+
+
+def stop_process(process: subprocess.Popen[bytes], *, timeout_s: float = 30.0) -> int | None:
+    """Stop a server we started: SIGTERM to its process group, SIGKILL after ``timeout_s``."""
+    if process.poll() is not None:
+        return process.returncode
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            break
+        except PermissionError:
+            process.send_signal(sig)
+        try:
+            return process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            continue
+    return process.poll()
+
+
+@dataclass
+class LaunchResult:
+    """A started server: its command, process, address, facts and guard verdict."""
+
+    command: list[str]
+    process: subprocess.Popen[bytes]
+    base_url: str
+    facts: ServerFacts
+    verdict: GuardVerdict
+
+    def stop(self, *, timeout_s: float = 30.0) -> int | None:
+        return stop_process(self.process, timeout_s=timeout_s)
+
+
+def launch_and_wait(
+    profile: Profile,
+    extra_args: Sequence[str] = (),
+    *,
+    script: str | Path = DEFAULT_SCRIPT,
+    deadline_s: float = 1800.0,
+    poll_interval_s: float = 5.0,
+    on_progress: ProgressCallback | None = None,
+    client: httpx.Client | None = None,
+    env: Mapping[str, str] | None = None,
+    stop_on_refusal: bool = True,
+) -> LaunchResult:
+    """Start the server of ``profile``, wait for ``/health``, then run the bf16 guard.
+
+    The server runs in its own process group. If it dies, misses the deadline or answers
+    ``/server_info`` badly, it is stopped and the error raised. When the guard refuses and
+    ``stop_on_refusal`` is set, the server is stopped too; the result still carries the facts
+    and the verdict, so the caller can print why (``result.verdict.raise_if_refused()``).
+    """
+    command = build_launch_command(profile, extra_args, script=script)
+    expected_model = model_from_argv(command[1:])
+    bf16_bytes = KVModel.from_section(
+        profile.model, base_dir=str(Path(profile.source).parent) if profile.source else ""
+    ).bf16_bytes_per_token
+    base_url = profile.server.base_url
+    if on_progress is not None:
+        on_progress(f"starting: {format_command(command)}")
+    try:
+        process = subprocess.Popen(
+            command,
+            start_new_session=True,
+            env=None if env is None else dict(env),
+        )
+    except OSError as error:
+        raise LaunchError(
+            f"cannot start {command[0]}: {error.strerror or error}. Fix: run from the "
+            "repository root (scripts/launch_sglang.sh) or pass the script path"
+        ) from None
+
+    own_client = client is None
+    http = client or httpx.Client(timeout=httpx.Timeout(30.0, connect=5.0))
+    try:
+        wait_for_health(
+            http,
+            base_url,
+            deadline_s=deadline_s,
+            poll_interval_s=poll_interval_s,
+            on_progress=on_progress,
+            process=process,
+        )
+        facts, verdict = check_running_server(
+            http,
+            base_url,
+            expected_model=expected_model,
+            bf16_bytes_per_token=bf16_bytes,
+            expected_version=profile.sglang_version,
+        )
+    except BaseException:
+        # whatever went wrong (deadline, death, bad server_info, Ctrl-C), leave nothing running
+        stop_process(process)
+        raise
+    finally:
+        if own_client:
+            http.close()
+
+    if on_progress is not None:
+        on_progress(verdict.summary())
+    if not verdict.ok and stop_on_refusal:
+        stop_process(process)
+    return LaunchResult(
+        command=command, process=process, base_url=base_url, facts=facts, verdict=verdict
+    )

@@ -1,0 +1,343 @@
+"""Launch profiles: one TOML file per SGLang server configuration, in ``configs/profiles/``.
+
+A profile holds three things, so the command that is launched and the numbers that are planned
+can never drift apart:
+
+* ``[sglang_args]``: the exact ``launch_server`` flags, in file order (``true`` is a bare flag);
+  ``[server]`` adds ``--host``/``--port``. The planner reads tp/dp/dcp/mem fraction from the same
+  table.
+* ``[model]`` and ``[hardware]``: the facts the capacity planner needs (KV cell shape, free GPU
+  memory before and after the weights load, extra replicated weights under DP attention).
+* ``[throughput]``: the empirical step-time fit (defaults: the two reference runs).
+
+Every launchable profile passes ``--kv-cache-dtype bf16``. A profile with another KV dtype may
+exist only as ``plan_only = true`` (a comparison row for ``plan``); ``launch-server`` refuses it.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from eagledata.errors import ConfigError
+
+DEFAULT_PROFILES_DIR = Path("configs/profiles")
+DEFAULT_PROFILE = "kimi-k25-tp8"
+"""The profile ``launch-server`` uses when none is named: plain TP8, tuned, bf16."""
+BF16_KV_DTYPES = frozenset({"bf16", "bfloat16"})
+
+ArgValue = str | int | float | bool | list[str | int | float]
+
+_FLAG_KEY = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
+
+# Keys a profile must spell canonically: the planner and the guard read them by these names.
+_CANONICAL_KEYS = {
+    "model": "model-path",
+    "tensor-parallel-size": "tp-size",
+    "tp": "tp-size",
+    "data-parallel-size": "dp-size",
+    "dp": "dp-size",
+    "decode-context-parallel-size": "dcp-size",
+}
+# Keys owned elsewhere or refused outright.
+_FORBIDDEN_KEYS = {
+    "host": "set [server] host instead",
+    "port": "set [server] port instead",
+    "config": "a --config YAML file can set the KV cache dtype out of sight; put flags here",
+    "quantization-param-path": "KV scaling factors exist only for an fp8 KV cache",
+}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ServerSection(_Strict):
+    """Where the server listens, and where eagledata reaches it."""
+
+    host: str = "127.0.0.1"
+    port: Annotated[int, Field(ge=1, le=65535)] = 30000
+
+    @property
+    def base_url(self) -> str:
+        """The URL to poll: a wildcard bind address is reached on loopback."""
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
+        if ":" in host and not host.startswith("["):
+            host = f"[{host}]"
+        return f"http://{host}:{self.port}"
+
+
+class ModelSection(_Strict):
+    """The KV-cache shape of the served model (fields of its ``config.json``).
+
+    ``config_json`` (relative to the profile file) may replace the shape fields; for Kimi-K2.5
+    the shape lives under ``text_config`` there, which the planner handles.
+    """
+
+    name: str
+    attention: Literal["mla", "mha"] = "mla"
+    num_hidden_layers: Annotated[int, Field(gt=0)] | None = None
+    kv_lora_rank: Annotated[int, Field(gt=0)] | None = None
+    qk_rope_head_dim: Annotated[int, Field(ge=0)] | None = None
+    num_key_value_heads: Annotated[int, Field(gt=0)] | None = None
+    head_dim: Annotated[int, Field(gt=0)] | None = None
+    v_head_dim: Annotated[int, Field(gt=0)] | None = None
+    config_json: str | None = None
+
+    @model_validator(mode="after")
+    def _shape_is_known(self) -> ModelSection:
+        if self.config_json is not None:
+            return self
+        needed = (
+            ("num_hidden_layers", "kv_lora_rank", "qk_rope_head_dim")
+            if self.attention == "mla"
+            else ("num_hidden_layers", "num_key_value_heads", "head_dim")
+        )
+        missing = [key for key in needed if getattr(self, key) is None]
+        if missing:
+            raise ValueError(f"{self.attention} needs {', '.join(missing)} (or config_json)")
+        return self
+
+
+class HardwareSection(_Strict):
+    """Per-GPU memory facts, as SGLang's pool sizing sees them (GiB).
+
+    ``post_free_gib`` is the free memory after the weights load under plain TP; the fitted
+    reference value already absorbs SGLang's small VLM reservation, so ``mm_reservation_gib`` is
+    0 unless ``post_free_gib`` was read from a log directly.
+    """
+
+    gpu: str
+    num_gpus: Annotated[int, Field(gt=0)]
+    pre_free_gib: Annotated[float, Field(gt=0)]
+    post_free_gib: float
+    mm_reservation_gib: Annotated[float, Field(ge=0)] = 0.0
+    dp_attention_extra_gib: dict[int, Annotated[float, Field(ge=0)]] = {}
+
+
+class ThroughputSection(_Strict):
+    """Decode step-time fit ``tok/s = N / (step_base_s + step_per_request_s * N)``."""
+
+    step_base_s: Annotated[float, Field(gt=0)] = 0.077
+    step_per_request_s: Annotated[float, Field(ge=0)] = 0.00018
+    band: Annotated[float, Field(ge=0, lt=1)] = 0.25
+    max_running_fit: Annotated[int, Field(gt=0)] = 150
+    """The fit holds to about this many running requests; above it compute flattens the curve."""
+    max_running_cap: Annotated[int, Field(gt=0)] = 256
+    """Never recommend more running requests than this (compute-bound, not KV-bound)."""
+
+
+class Profile(_Strict):
+    """One launch profile. ``name`` and ``source`` are filled in by the loader."""
+
+    name: str
+    source: str = ""
+    description: str = ""
+    status: str = ""
+    notes: list[str] = []
+    sglang_version: str
+    plan_only: bool = False
+    server: ServerSection = ServerSection()
+    sglang_args: dict[str, ArgValue]
+    model: ModelSection
+    hardware: HardwareSection
+    throughput: ThroughputSection = ThroughputSection()
+
+    @field_validator("sglang_args")
+    @classmethod
+    def _check_arg_keys(cls, args: dict[str, ArgValue]) -> dict[str, ArgValue]:
+        problems: list[str] = []
+        for key, value in args.items():
+            if not _FLAG_KEY.match(key):
+                problems.append(f"{key!r} is not a flag name (write tp-size, not --tp-size)")
+            elif key in _CANONICAL_KEYS:
+                problems.append(f"{key!r}: write {_CANONICAL_KEYS[key]!r}")
+            elif key in _FORBIDDEN_KEYS:
+                problems.append(f"{key!r} is not allowed: {_FORBIDDEN_KEYS[key]}")
+            elif value is False:
+                problems.append(f"{key!r} = false: delete the key to leave a flag off")
+        for key in ("model-path", "kv-cache-dtype", "mem-fraction-static"):
+            if key not in args:
+                problems.append(f"{key!r} is required")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return args
+
+    @model_validator(mode="after")
+    def _check_consistency(self) -> Profile:
+        args = self.sglang_args
+        problems: list[str] = []
+        dtype = args.get("kv-cache-dtype")
+        if not self.plan_only and dtype not in BF16_KV_DTYPES:
+            problems.append(
+                f"sglang_args.kv-cache-dtype is {dtype!r}: a launchable profile must pass bf16 "
+                "(fp8 degraded Kimi-K2.5 and poisons drafter data); keep other dtypes only with "
+                "plan_only = true"
+            )
+        for key in ("tp-size", "dp-size", "dcp-size"):
+            value = args.get(key, 1)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                problems.append(f"sglang_args.{key}: must be a positive integer")
+        mfs = args.get("mem-fraction-static")
+        if isinstance(mfs, bool) or not isinstance(mfs, int | float) or not 0 < mfs < 1:
+            problems.append("sglang_args.mem-fraction-static: must be a number in (0, 1)")
+        flag = args.get("enable-dp-attention", False)
+        if flag is not False and flag is not True:
+            problems.append("sglang_args.enable-dp-attention: must be true or absent")
+        if not problems:
+            tp, dp, dcp = self.tp_size, self.dp_size, self.dcp_size
+            if self.enable_dp_attention and (dp < 2 or tp % dp):
+                problems.append(
+                    f"sglang_args.dp-size: DP attention needs dp-size > 1 dividing tp-size {tp}"
+                )
+            if tp % dcp:
+                problems.append(f"sglang_args.dcp-size: {dcp} must divide tp-size {tp}")
+            if tp * (1 if self.enable_dp_attention else dp) > self.hardware.num_gpus:
+                problems.append("sglang_args: needs more GPUs than hardware.num_gpus")
+            if self.enable_dp_attention and dp not in self.hardware.dp_attention_extra_gib:
+                problems.append(
+                    f"hardware.dp_attention_extra_gib: no entry for dp {dp} (the extra attention "
+                    "and embedding weights each GPU holds under DP attention)"
+                )
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    # --- what the planner and the launcher read --------------------------------------------
+
+    @property
+    def kv_cache_dtype(self) -> str:
+        return str(self.sglang_args["kv-cache-dtype"])
+
+    @property
+    def model_path(self) -> str:
+        return str(self.sglang_args["model-path"])
+
+    @property
+    def mem_fraction_static(self) -> float:
+        return float(self._number("mem-fraction-static", 0.0))
+
+    @property
+    def tp_size(self) -> int:
+        return int(self._number("tp-size", 1))
+
+    @property
+    def dp_size(self) -> int:
+        return int(self._number("dp-size", 1))
+
+    @property
+    def dcp_size(self) -> int:
+        return int(self._number("dcp-size", 1))
+
+    @property
+    def enable_dp_attention(self) -> bool:
+        return self.sglang_args.get("enable-dp-attention") is True
+
+    @property
+    def max_running_requests(self) -> int | None:
+        value = self.sglang_args.get("max-running-requests")
+        return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
+
+    @property
+    def context_length(self) -> int | None:
+        value = self.sglang_args.get("context-length")
+        return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
+
+    @property
+    def cuda_graph_max_bs(self) -> int | None:
+        for key in ("cuda-graph-max-bs-decode", "cuda-graph-max-bs"):
+            value = self.sglang_args.get(key)
+            if isinstance(value, int) and not isinstance(value, bool):
+                return value
+        return None
+
+    def _number(self, key: str, default: float) -> float:
+        value = self.sglang_args.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return default
+        return value
+
+    def server_argv(self) -> list[str]:
+        """The ``launch_server`` arguments this profile means, in file order, host/port last."""
+        argv: list[str] = []
+        for key, value in self.sglang_args.items():
+            flag = f"--{key}"
+            if value is True:
+                argv.append(flag)
+            elif isinstance(value, list):
+                argv += [flag, *(_format_value(v) for v in value)]
+            else:
+                argv += [flag, _format_value(value)]
+        argv += ["--host", self.server.host, "--port", str(self.server.port)]
+        return argv
+
+
+def _format_value(value: str | int | float | bool) -> str:
+    # repr keeps a float exact and short: 0.9 -> "0.9", 1e-05 -> "1e-05"
+    return repr(value) if isinstance(value, float) else str(value)
+
+
+# --- loading -------------------------------------------------------------------------------
+
+
+def _format_validation_error(error: ValidationError, where: str) -> str:
+    lines = []
+    for item in error.errors():
+        loc = ".".join(str(part) for part in item["loc"])
+        message = str(item["msg"]).removeprefix("Value error, ")
+        lines.append(f"{where}: {loc}: {message}" if loc else f"{where}: {message}")
+    return "\n".join(lines)
+
+
+def parse_profile(data: dict[str, Any], *, name: str, source: str = "") -> Profile:
+    """Validate a profile's TOML table; problems become one ``ConfigError`` line each."""
+    where = source or name
+    for reserved in ("name", "source"):
+        if reserved in data:
+            raise ConfigError(f"{where}: {reserved}: set by the loader, remove it from the file")
+    try:
+        return Profile.model_validate({**data, "name": name, "source": source})
+    except ValidationError as error:
+        raise ConfigError(_format_validation_error(error, where)) from None
+
+
+def list_profiles(profiles_dir: str | Path | None = None) -> list[str]:
+    """Names of the profiles in ``profiles_dir`` (default ``configs/profiles``), sorted."""
+    directory = Path(profiles_dir) if profiles_dir is not None else DEFAULT_PROFILES_DIR
+    if not directory.is_dir():
+        return []
+    return sorted(path.stem for path in directory.glob("*.toml"))
+
+
+def load_profile(name_or_path: str | Path, profiles_dir: str | Path | None = None) -> Profile:
+    """Load a profile by name from ``profiles_dir``, or from a ``.toml`` path."""
+    directory = Path(profiles_dir) if profiles_dir is not None else DEFAULT_PROFILES_DIR
+    candidate = Path(name_or_path)
+    path = candidate if candidate.suffix == ".toml" else directory / f"{name_or_path}.toml"
+    if not path.is_file():
+        available = ", ".join(list_profiles(directory)) or "none"
+        raise ConfigError(
+            f"profile: unknown profile {str(name_or_path)!r} in {directory} "
+            f"(available: {available})"
+        )
+    try:
+        with path.open("rb") as handle:
+            data = tomllib.load(handle)
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(f"{path}: not valid TOML: {error}") from None
+    except OSError as error:
+        raise ConfigError(f"{path}: cannot read: {error.strerror or error}") from None
+    return parse_profile(data, name=path.stem, source=str(path))
+
+
+def load_profiles(
+    names: Sequence[str] | None = None, profiles_dir: str | Path | None = None
+) -> list[Profile]:
+    """The named profiles, or every profile in the directory when ``names`` is None."""
+    wanted = list(names) if names is not None else list_profiles(profiles_dir)
+    return [load_profile(name, profiles_dir) for name in wanted]
