@@ -198,10 +198,13 @@ class Run:
         failures: FailureLog,
         progress: Progress,
     ) -> None:
+        # sampling_seed makes each sample reproducible on servers started with
+        # --enable-deterministic-inference; other servers ignore it.
+        params = {**self.sampling_params, "sampling_seed": item.sample}
         attempts = 0
         while True:
             try:
-                result = await client.generate(item.input_ids, self.sampling_params, new_rid())
+                result = await client.generate(item.input_ids, params, new_rid())
             except ServerDownError:
                 await client.wait_until_healthy(
                     self.config.server.down_deadline_s, guard.check_reconnected, progress.note

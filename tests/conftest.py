@@ -1,0 +1,96 @@
+"""Shared fixtures: offline hub settings, the bundled tokenizer, the simulated server on loopback."""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+# No machine here reaches a model or dataset hub; make every library fail fast instead of hanging.
+_HF_HOME = tempfile.mkdtemp(prefix="eagledata-hf-")
+os.environ.update(
+    HF_HUB_OFFLINE="1",
+    HF_DATASETS_OFFLINE="1",
+    HF_HOME=_HF_HOME,
+    TRANSFORMERS_VERBOSITY="error",
+    TOKENIZERS_PARALLELISM="false",
+)
+
+import orjson  # noqa: E402
+import pytest  # noqa: E402
+
+from eagledata.config import AppConfig, resolve_bundled  # noqa: E402
+from eagledata.simserver import SimConfig, SimServerThread  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+TOKENIZER = "bundled:tokenizer/tiny-chatml"
+SAMPLES = Path(resolve_bundled("bundled:samples"))
+
+
+@pytest.fixture(scope="session")
+def tokenizer_dir() -> str:
+    return resolve_bundled(TOKENIZER)
+
+
+@pytest.fixture(scope="session")
+def prompt_tokenizer() -> Any:
+    from eagledata.config import TokenizerSettings
+    from eagledata.tokenization import PromptTokenizer
+
+    return PromptTokenizer(TokenizerSettings(name=TOKENIZER))
+
+
+def sim_config(tokenizer_dir: str, **overrides: Any) -> SimConfig:
+    fields: dict[str, Any] = {"tokenizer_path": tokenizer_dir, "context_length": 32768}
+    fields.update(overrides)
+    return SimConfig(**fields)
+
+
+@pytest.fixture
+def sim(tokenizer_dir: str) -> Iterator[SimServerThread]:
+    with SimServerThread(sim_config(tokenizer_dir)) as server:
+        yield server
+
+
+def make_config(urls: list[str], out_dir: Path, **sections: dict[str, Any]) -> AppConfig:
+    """A config for tests: fast timeouts and backoff, the bundled tokenizer, no fsync pauses."""
+    raw: dict[str, Any] = {
+        "tokenizer": {"name": TOKENIZER},
+        "generation": {"max_new_tokens": 64, "temperature": 0.0},
+        "server": {
+            "urls": urls,
+            "guard_interval_s": 0.2,
+            "guard_max_held": 8,
+            "backoff_base_s": 0.01,
+            "backoff_max_s": 0.05,
+            "down_deadline_s": 5,
+            "request_timeout_s": 10,
+            "connect_timeout_s": 2,
+        },
+        "run": {"out_dir": str(out_dir), "shard_size": 7, "concurrency": 8},
+    }
+    for name, values in sections.items():
+        raw.setdefault(name, {}).update(values)
+    return AppConfig.model_validate(raw)
+
+
+def read_records(run_dir: Path) -> list[dict[str, Any]]:
+    records = []
+    for folder in ("shards", "pending"):
+        for path in sorted((run_dir / folder).glob("shard-*.jsonl")):
+            records.extend(orjson.loads(line) for line in path.read_bytes().splitlines())
+    return records
+
+
+def read_failures(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / "failures.jsonl"
+    if not path.exists():
+        return []
+    return [orjson.loads(line) for line in path.read_bytes().splitlines()]
+
+
+def eagledata_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "eagledata.cli", *args]
