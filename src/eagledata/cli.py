@@ -143,6 +143,151 @@ def verify(run_dir: Annotated[Path, typer.Argument(help="A run directory")]) -> 
         raise typer.Exit(1)
 
 
+def _guard_targets(config_path: Path | None) -> tuple[str | None, int | None]:
+    """The model and bf16 bytes/token the guard expects, from the config when there is one."""
+    path = config_path or default_config_path()
+    if path is None:
+        return None, None
+    server = load_config(path).server
+    return server.expected_model, server.bf16_kv_bytes_per_token
+
+
+@app.command("check-server")
+def check_server(
+    url: Annotated[str, typer.Argument(help="Server URL, e.g. http://127.0.0.1:30000")],
+    config: ConfigOpt = None,
+    expected_model: Annotated[str | None, typer.Option(help="Refuse another model")] = None,
+    bf16_bytes_per_token: Annotated[
+        int | None, typer.Option(help="The model's bf16 KV bytes/token (Kimi-K2.5: 70272)")
+    ] = None,
+) -> None:
+    """Print a server's facts and the bf16 verdict; exit non-zero if it would be refused."""
+    import httpx
+
+    from eagledata.launch import check_running_server
+    from eagledata.serverfacts import format_facts
+
+    def check() -> tuple[Any, Any]:
+        model, bytes_per_token = (None, None)
+        if expected_model is None or bf16_bytes_per_token is None:
+            model, bytes_per_token = _guard_targets(config)
+        with httpx.Client(timeout=httpx.Timeout(30.0, connect=5.0)) as http:
+            return check_running_server(
+                http,
+                url.rstrip("/"),
+                expected_model=expected_model or model,
+                bf16_bytes_per_token=bf16_bytes_per_token or bytes_per_token,
+            )
+
+    facts, verdict = guarded(check)
+    typer.echo(format_facts(facts, verdict))
+    if not verdict.ok:
+        raise typer.Exit(4)
+
+
+ProfilesDirOpt = Annotated[
+    Path | None, typer.Option(help="Profiles folder (default: ./configs/profiles)")
+]
+
+
+@app.command(
+    "launch-server",
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+)
+def launch_server(
+    ctx: typer.Context,
+    profile: Annotated[str | None, typer.Option(help="Profile name or TOML path")] = None,
+    dry_run: Annotated[bool, typer.Option(help="Print the exact command, start nothing")] = False,
+    profiles_dir: ProfilesDirOpt = None,
+    script: Annotated[Path, typer.Option(help="The launch script")] = Path(
+        "scripts/launch_sglang.sh"
+    ),
+    deadline: Annotated[float, typer.Option(help="Seconds to wait for /health")] = 1800.0,
+) -> None:
+    """Start SGLang from a profile (bf16 KV enforced); extra args after -- pass through."""
+    from eagledata.launch import build_launch_command, format_command, launch_and_wait
+    from eagledata.profiles import DEFAULT_PROFILE, load_profile
+    from eagledata.serverfacts import format_facts
+
+    extra = list(ctx.args)
+    chosen = guarded(lambda: load_profile(profile or DEFAULT_PROFILE, profiles_dir))
+    if dry_run:
+        command = guarded(lambda: build_launch_command(chosen, extra, script=str(script)))
+        typer.echo(format_command(command))
+        return
+    result = guarded(
+        lambda: launch_and_wait(
+            chosen,
+            extra,
+            script=script,
+            deadline_s=deadline,
+            on_progress=lambda line: typer.echo(line, err=True),
+        )
+    )
+    typer.echo(format_facts(result.facts, result.verdict))
+    if not result.verdict.ok:
+        raise typer.Exit(4)
+    typer.echo(f"server ready at {result.base_url}; eagledata generate --server {result.base_url}")
+    try:
+        result.process.wait()
+    except KeyboardInterrupt:
+        result.stop()
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+    if result.process.returncode:
+        raise typer.Exit(result.process.returncode)
+
+
+@app.command()
+def plan(
+    profile: Annotated[
+        list[str] | None, typer.Option(help="Profile to plan; repeat; default: all")
+    ] = None,
+    dataset: Annotated[
+        str | None, typer.Option(help="Measure prompt lengths on this dataset (a sample)")
+    ] = None,
+    config: ConfigOpt = None,
+    server: ServerOpt = None,
+    sample_rows: Annotated[int, typer.Option(help="Prompts to tokenize for the sample")] = 2000,
+    mean_output_tokens: Annotated[
+        float | None, typer.Option(help="Expected mean answer length (default: max_new_tokens)")
+    ] = None,
+    profiles_dir: ProfilesDirOpt = None,
+) -> None:
+    """Compare profiles side by side: KV tokens, concurrency, tok/s, wall clock."""
+    import httpx
+
+    from eagledata.capacity import REFERENCE_WORKLOAD, plan_profiles, render_plan_table
+    from eagledata.dataset import resolve_dataset
+    from eagledata.launch import fetch_server_info
+    from eagledata.planning import live_row, measure_workload
+    from eagledata.profiles import load_profiles
+    from eagledata.serverfacts import ServerFacts
+
+    def build() -> str:
+        if dataset is not None:
+            app_config = _load(config, {})
+            workload = measure_workload(
+                app_config,
+                resolve_dataset(dataset, app_config.datasets),
+                sample_rows=sample_rows,
+                mean_output_tokens=mean_output_tokens,
+            )
+        elif mean_output_tokens is not None:
+            workload = REFERENCE_WORKLOAD.model_copy(
+                update={"mean_output_tokens": mean_output_tokens}
+            )
+        else:
+            workload = REFERENCE_WORKLOAD
+        rows = plan_profiles(load_profiles(profile, profiles_dir), workload)
+        with httpx.Client(timeout=httpx.Timeout(30.0, connect=5.0)) as http:
+            for url in server or []:
+                facts = ServerFacts.from_server_info(fetch_server_info(http, url.rstrip("/")))
+                rows.insert(0, live_row(url, facts, workload))
+        return render_plan_table(rows, workload=workload)
+
+    typer.echo(guarded(build))
+
+
 @app.command("sim-server")
 def sim_server(
     host: Annotated[str, typer.Option(help="Bind address (loopback by default)")] = "127.0.0.1",
