@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -328,6 +329,8 @@ def sim_server(
 
 
 def main() -> None:
+    # transformers warns at import that PyTorch is absent; eagledata needs only its tokenizers.
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     try:
         app()
     except KeyboardInterrupt:

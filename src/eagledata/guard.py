@@ -127,8 +127,11 @@ class KVGuard(Generic[T]):
     async def run(self) -> None:
         """The periodic check loop; runs until cancelled by its owner's task group."""
         while True:
+            # asyncio.timeout, not wait_for: 3.11's wait_for can swallow the owner's cancel
+            # when the wake-up and the cancel race, and the run would then never end.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=self.interval_s)
+                async with asyncio.timeout(self.interval_s):
+                    await self._wake.wait()
             self._wake.clear()
             await self.client.revive(self.check_reconnected)
             await self.check_and_release()

@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import itertools
 import signal
+import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -392,7 +393,14 @@ class Run:
             elif main_task is not None:
                 main_task.cancel()
 
-        installed = []
+        def dump_tasks() -> None:
+            # kill -USR1 <pid>: where is every task waiting? (a multi-day run must be debuggable)
+            for task in asyncio.all_tasks(loop):
+                task.print_stack(limit=12, file=sys.stderr)
+
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            loop.add_signal_handler(signal.SIGUSR1, dump_tasks)
+        installed = [signal.SIGUSR1]
         for signum in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
                 loop.add_signal_handler(signum, on_interrupt)
