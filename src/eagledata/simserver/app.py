@@ -3,52 +3,24 @@
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import os
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 from aiohttp import web
+from aiohttp.typedefs import Handler
 from pydantic import ValidationError
 
 from eagledata.errors import EagledataError
-from eagledata.simserver import engine
-from eagledata.simserver.config import (
-    ModelSpec,
-    SimConfig,
-    model_info,
-    resolve_model,
-    server_info,
-)
-from eagledata.simserver.engine import (
-    ABORTED,
-    QUEUED,
-    RUNNING,
-    Item,
-    QueueFullError,
-    SamplingSpec,
-    Scheduler,
-    SimRequestError,
-    abort_reason,
-    bad_body,
-    bad_value,
-)
+from eagledata.simserver.config import SimConfig, model_info, resolve_model, server_info
+from eagledata.simserver.faults import apply_fault_abort, draw_faults
+from eagledata.simserver.metrics import render_metrics
+from eagledata.simserver.protocol import SimRequestError, abort_reason, bad_body, queue_full_body
+from eagledata.simserver.requests import Parsed, parse_generate
+from eagledata.simserver.sampling import SamplingSpec
+from eagledata.simserver.scheduler import ABORTED, QUEUED, RID_LIMIT, Item, QueueFullError
+from eagledata.simserver.state import STATE, SimState, apply_control, stats_snapshot
 
-
-@dataclass
-class SimState:
-    config: SimConfig
-    model: ModelSpec
-    scheduler: Scheduler = field(default_factory=Scheduler)
-    started: float = 0.0
-    host: str = "127.0.0.1"
-    port: int = 0
-    attempts: dict[bytes, int] = field(default_factory=dict)
-
-
-STATE = web.AppKey("sim_state", SimState)
 JSON = "application/json"
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 
@@ -62,119 +34,6 @@ def _sse(body: Any) -> bytes:
 
 
 DONE_EVENT = b"data: [DONE]\n\n"
-
-
-# --- /generate parsing ----------------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class Parsed:
-    pairs: list[tuple[Item, SamplingSpec]]
-    single: bool
-    stream: bool
-    fault_key: bytes
-
-
-def _prompts(obj: dict[str, Any], model: ModelSpec) -> tuple[list[list[int]], bool]:
-    given = [k for k in ("text", "input_ids", "input_embeds") if obj.get(k) is not None]
-    if len(given) != 1:
-        raise bad_value("Either text, input_ids or input_embeds should be provided (only one).")
-    if given[0] == "input_embeds":
-        raise bad_value("input_embeds is not supported by the simulated server.")
-    value = obj[given[0]]
-    if given[0] == "text":
-        if isinstance(value, str):
-            return [model.encode(value)], True
-        if isinstance(value, list) and value and all(isinstance(t, str) for t in value):
-            return [model.encode(t) for t in value], False
-        raise bad_body("text must be a string or a non-empty list of strings")
-    if not isinstance(value, list) or not value:
-        raise bad_value("input_ids cannot be empty.")
-    single = not isinstance(value[0], list)
-    prompts = [value] if single else value
-    for ids in prompts:
-        if not isinstance(ids, list) or not ids:
-            raise bad_value("input_ids cannot be empty.")
-        if set(map(type, ids)) != {int}:
-            raise bad_body("input_ids must be a list of integers or a list of such lists")
-        if min(ids) < 0 or max(ids) >= model.vocab_size:
-            raise bad_value(f"The input_ids contain a token id outside [0, {model.vocab_size}).")
-    return prompts, single
-
-
-def _rids(obj: dict[str, Any], prompts: int, n: int) -> list[str]:
-    rid = obj.get("rid")
-    total = prompts * n
-    if rid is None:
-        return [os.urandom(16).hex() for _ in range(total)]
-    if isinstance(rid, str):
-        return [rid] if total == 1 else [f"{rid}_{i}" for i in range(total)]
-    if not isinstance(rid, list) or len(rid) != prompts or not all(isinstance(r, str) for r in rid):
-        raise bad_value("The rid should be a string or a list of strings, one per prompt.")
-    return list(rid) if n == 1 else [f"{r}_{j}" for r in rid for j in range(n)]
-
-
-def parse_generate(obj: Any, state: SimState) -> Parsed:
-    if not isinstance(obj, dict):
-        raise bad_body("The request body must be a JSON object.")
-    config, model = state.config, state.model
-    stream = bool(obj.get("stream", False))
-    prompts, single = _prompts(obj, model)
-    raw = obj.get("sampling_params")
-    if isinstance(raw, list):
-        if len(raw) != len(prompts):
-            raise bad_value("sampling_params list must have one entry per prompt.")
-        specs = [engine.parse_sampling(r, model.vocab_size) for r in raw]
-    else:
-        specs = [engine.parse_sampling(raw, model.vocab_size)] * len(prompts)
-    n = specs[0].n
-    rids = _rids(obj, len(prompts), n)
-    if len(set(rids)) != len(rids):
-        raise bad_value(f"Duplicate request ID in the batch: {rids}")
-    if config.version_tuple() >= (0, 5, 23):
-        for rid in rids:
-            if rid in state.scheduler.rid_counts:
-                raise bad_value(f"Duplicate request ID {rid!r}: a request with it is in flight.")
-    ctx, limit = config.context_length, config.max_req_input_len()
-    budgets = []
-    for ids, spec in zip(prompts, specs, strict=True):
-        length = len(ids)
-        max_new = engine.resolve_max_new(spec, length, config)
-        if length >= ctx:
-            raise bad_value(
-                f"The input ({length} tokens) is longer than the model's context length "
-                f"({ctx} tokens)."
-            )
-        if length + max_new >= ctx:
-            raise bad_value(
-                f"Requested token count exceeds the model's maximum context length of {ctx} "
-                f"tokens. You requested a total of {length + max_new} tokens: {length} tokens "
-                f"from the input messages and {max_new} tokens for the completion. Please reduce "
-                "the number of tokens in the input messages or the completion to fit within the "
-                "limit."
-            )
-        if length >= limit:
-            raise bad_value(
-                f"Input length ({length} tokens) exceeds the maximum allowed length ({limit} "
-                "tokens). Use a shorter input or enable --allow-auto-truncate."
-            )
-        budgets.append(max_new)
-    pairs: list[tuple[Item, SamplingSpec]] = []
-    fp8, dtype = config.is_fp8(), config.effective_kv_dtype()
-    digests = []
-    for ids, spec, max_new in zip(prompts, specs, budgets, strict=True):
-        digest = engine.prompt_digest(ids)
-        digests.append(digest + spec.sampling_key)
-        for j in range(n):
-            out, finish = engine.generate(
-                model, digest, spec, max_new, config, fp8=fp8, sample_index=j
-            )
-            item = Item(rids[len(pairs)], len(ids), out, finish)
-            item.kv_dtype = dtype
-            item.cached = state.scheduler.note_prefix(config, digest, len(ids))
-            pairs.append((item, spec))
-    key = hashlib.blake2b(b"".join(digests), digest_size=16).digest()
-    return Parsed(pairs, single and n == 1, stream, key)
 
 
 # --- /generate ------------------------------------------------------------------------------
@@ -213,24 +72,15 @@ def _item_json(
     }
 
 
-def _apply_fault_abort(item: Item) -> None:
-    item.keep = len(item.output_ids) // 2
-    item.abort_finish = abort_reason("Simulated scheduler abort.", 500, "InternalServerError")
-
-
 def _drop_connection(request: web.BaseRequest) -> None:
     if request.transport is not None:
         request.transport.abort()
 
 
-def _faults(state: SimState, parsed: Parsed) -> frozenset[str]:
-    if not state.config.any_fault():
-        return frozenset()
-    attempt = state.attempts.get(parsed.fault_key, 0)
-    if len(state.attempts) >= 1_000_000:
-        state.attempts.clear()
-    state.attempts[parsed.fault_key] = attempt + 1
-    return engine.decide_faults(state.config, parsed.fault_key, attempt)
+def _client_gone(state: SimState, items: list[Item]) -> None:
+    """The client left before its answer: count it and free the items' KV."""
+    state.scheduler.stats.outcomes["client_disconnect"] += 1
+    state.scheduler.drop(items, state.config)
 
 
 def _outcome(parsed: Parsed, faults: frozenset[str]) -> str:
@@ -260,7 +110,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
             return web.Response(body=_sse(exc.body) + DONE_EVENT, headers=SSE_HEADERS)
         return _json(exc.body, exc.status)
     stats.items += len(parsed.pairs)
-    faults = _faults(state, parsed)
+    faults = draw_faults(state.config, state.attempts, parsed.fault_key)
     if "stall" in faults:
         stats.outcomes["stall"] += 1
         await asyncio.sleep(state.config.stall_s)
@@ -274,19 +124,18 @@ async def generate(request: web.Request) -> web.StreamResponse:
         return await _stream(request, state, parsed, faults, arrived)
     if "fail_503" in faults:
         stats.outcomes["fail_503"] += 1
-        return _json({**engine.queue_full_body(), "message": "Simulated overload."}, 503)
+        return _json(queue_full_body("Simulated overload."), 503)
     try:
         state.scheduler.submit(items, state.config)
     except QueueFullError:
         stats.outcomes["queue_full"] += 1
-        return _json(engine.queue_full_body(), 503)
+        return _json(queue_full_body(), 503)
     try:
         for item in items:
             if item.fut is not None and not item.fut.done():
                 await item.fut
     except asyncio.CancelledError:
-        stats.outcomes["client_disconnect"] += 1
-        state.scheduler.drop(items, state.config)
+        _client_gone(state, items)
         raise
     if "reset" in faults:
         stats.outcomes["reset"] += 1
@@ -294,7 +143,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
         return web.Response()
     if "abort" in faults:
         for item in items:
-            _apply_fault_abort(item)
+            apply_fault_abort(item)
     stats.outcomes[_outcome(parsed, faults)] += 1
     bad = "bad_count" in faults
     out = [_item_json(state, it, spec, arrived, bad_count=bad) for it, spec in parsed.pairs]
@@ -358,7 +207,7 @@ async def _stream(
             if item.fut is not None and not item.fut.done():
                 await item.fut
             if "abort" in faults:
-                _apply_fault_abort(item)
+                apply_fault_abort(item)
             bad = "bad_count" in faults
             await response.write(
                 event(index, _item_json(state, item, spec, arrived, bad_count=bad))
@@ -366,12 +215,10 @@ async def _stream(
         outcomes[_outcome(parsed, faults)] += 1
         await response.write(DONE_EVENT)
     except asyncio.CancelledError:
-        outcomes["client_disconnect"] += 1
-        state.scheduler.drop(items, state.config)
+        _client_gone(state, items)
         raise
     except ConnectionError:
-        outcomes["client_disconnect"] += 1
-        state.scheduler.drop(items, state.config)
+        _client_gone(state, items)
     return response
 
 
@@ -435,6 +282,9 @@ async def abort_request(request: web.Request) -> web.Response:
     if not isinstance(body, dict):
         return _json(bad_body("The request body must be a JSON object.").body, 400)
     rid, abort_all = str(body.get("rid") or ""), bool(body.get("abort_all", False))
+    calls = state.scheduler.stats.abort_calls
+    if len(calls) < RID_LIMIT:
+        calls.append(rid)
     state.scheduler.abort(rid, abort_all, state.config)
     return web.Response(status=200)
 
@@ -443,63 +293,8 @@ async def metrics(request: web.Request) -> web.Response:
     state = request.app[STATE]
     if not state.config.enable_metrics:
         raise web.HTTPNotFound()
-    text = _render_metrics(state)
+    text = render_metrics(state)
     return web.Response(text=text, content_type="text/plain", charset="utf-8")
-
-
-GAUGES = (
-    ("num_running_reqs", "The number of running requests."),
-    ("num_queue_reqs", "The number of requests in the waiting queue."),
-    ("num_used_tokens", "The number of used tokens."),
-    ("token_usage", "The token usage."),
-    ("gen_throughput", "The generation throughput (token/s)."),
-    ("cache_hit_rate", "The prefix cache hit rate."),
-    ("max_total_num_tokens", "Maximum total number of tokens in the KV cache pool."),
-    ("num_retracted_reqs", "The number of retracted requests."),
-)
-COUNTERS = (
-    ("prompt_tokens_total", "prompt_tokens"),
-    ("generation_tokens_total", "generated_tokens"),
-    ("cached_tokens_total", "cached_tokens"),
-    ("num_requests_total", "items"),
-    ("num_aborted_requests_total", "aborted_items"),
-)
-
-
-def _render_metrics(state: SimState) -> str:
-    """Prometheus text in SGLang's names: scheduler gauges per DP rank, tokenizer counters."""
-    config, scheduler = state.config, state.scheduler
-    stats, pool = scheduler.stats, config.max_total_num_tokens
-    hit_rate = stats.cached_tokens / stats.prompt_tokens if stats.prompt_tokens else 0.0
-    throughput = scheduler.gen_throughput() / config.dp_size
-    name = f'model_name="{config.served_name()}"'
-    rows = []
-    for load in scheduler.load(config):
-        dp = f',dp_rank="{load["dp_rank"]}"' if config.dp_size > 1 else ""
-        labels = f'{name},engine_type="unified",tp_rank="0",pp_rank="0",moe_ep_rank="0"{dp}'
-        running = load["num_reqs"] - load["num_waiting_reqs"]
-        used = load["num_tokens"]
-        waiting = load["num_waiting_reqs"]
-        values = (running, waiting, used, used / pool, throughput, hit_rate, pool, 0)
-        rows.append((labels, values))
-    lines = []
-    for index, (metric, help_text) in enumerate(GAUGES):
-        lines += [f"# HELP sglang:{metric} {help_text}", f"# TYPE sglang:{metric} gauge"]
-        lines += [f"sglang:{metric}{{{labels}}} {float(v[index])}" for labels, v in rows]
-    for metric, attr in COUNTERS:
-        lines += [f"# HELP sglang:{metric} {metric}.", f"# TYPE sglang:{metric} counter"]
-        lines.append(f"sglang:{metric}{{{name}}} {float(getattr(stats, attr))}")
-    return "\n".join(lines) + "\n"
-
-
-def apply_control(state: SimState, changes: dict[str, Any]) -> dict[str, Any]:
-    """Validate and install new settings; raises ValidationError or EagledataError."""
-    config = SimConfig.model_validate({**state.config.model_dump(), **changes})
-    state.model = resolve_model(config)
-    state.config = config
-    for rank in state.scheduler.ranks:
-        state.scheduler.drain(rank, config)
-    return config.model_dump()
 
 
 async def control(request: web.Request) -> web.Response:
@@ -513,27 +308,29 @@ async def control(request: web.Request) -> web.Response:
         return _json({"error": str(exc)}, 400)
 
 
-def stats_snapshot(state: SimState) -> dict[str, Any]:
-    scheduler = state.scheduler
-    running = sum(1 for item in scheduler.live if item.state == RUNNING)
-    return {
-        **scheduler.stats.as_dict(),
-        "in_flight": len(scheduler.live),
-        "running": running,
-        "queued": len(scheduler.live) - running,
-        "load": scheduler.load(state.config),
-        "kv_cache_dtype": state.config.kv_cache_dtype,
-        "effective_kv_dtype": state.config.effective_kv_dtype(),
-    }
-
-
 async def sim_stats(request: web.Request) -> web.Response:
     return _json(stats_snapshot(request.app[STATE]))
 
 
+OPEN_PATHS = ("/health", "/metrics", "/_sim/")
+"""SGLang's ``--api-key`` middleware lets ``/health*`` and ``/metrics`` through; ``/_sim/`` is
+the simulator's own control surface, not part of SGLang."""
+
+
+@web.middleware
+async def api_key_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """SGLang's ``--api-key``: 401 ``{"error": "Unauthorized"}`` without the bearer key."""
+    key = request.app[STATE].config.api_key
+    if key is None or request.method == "OPTIONS" or request.path.startswith(OPEN_PATHS):
+        return await handler(request)
+    if request.headers.get("Authorization") != "Bearer " + key:
+        return _json({"error": "Unauthorized"}, 401)
+    return await handler(request)
+
+
 def create_app(config: SimConfig) -> web.Application:
     """The simulated server as an aiohttp app; the startup window starts when it starts."""
-    app = web.Application(client_max_size=1 << 30)
+    app = web.Application(client_max_size=1 << 30, middlewares=[api_key_middleware])
     app[STATE] = SimState(config=config, model=resolve_model(config))
 
     async def on_startup(app: web.Application) -> None:

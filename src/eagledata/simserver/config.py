@@ -64,6 +64,9 @@ class SimConfig(BaseModel):
     enable_hierarchical_cache: bool = False
     enable_metrics: bool = True
     skip_tokenizer_init: bool = False
+    api_key: str | None = None
+    """``--api-key``: every route but ``/health*``, ``/metrics`` (and ``/_sim/*``) then needs
+    ``Authorization: Bearer KEY``; anything else gets 401 ``{"error": "Unauthorized"}``."""
 
     # --- behaviour ------------------------------------------------------------------------------
     latency_s: float = Field(default=0.0, ge=0.0)

@@ -13,8 +13,9 @@ from typing import Any
 
 from aiohttp import web
 
-from eagledata.simserver.app import STATE, apply_control, create_app, stats_snapshot
+from eagledata.simserver.app import create_app
 from eagledata.simserver.config import SimConfig
+from eagledata.simserver.state import STATE, apply_control, stats_snapshot
 
 SHUTDOWN_TIMEOUT_S = 0.25
 """On stop, in-flight requests get this long before their connections are cut."""

@@ -1,0 +1,154 @@
+"""The plan as text: profiles side by side, their notes, and which bf16 profile is fastest."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from eagledata.capacity.planner import PlanRow
+from eagledata.capacity.workload import Workload
+
+
+def _tokens(n: int) -> str:
+    if n >= 1_000_000:
+        return f"{n / 1e6:.2f}M"
+    if n >= 1_000:
+        return f"{n / 1e3:.1f}k"
+    return str(n)
+
+
+def _days(hours: float | None) -> str:
+    return "-" if hours is None else f"{hours / 24:.1f}"
+
+
+def _common_prefix(names: Sequence[str]) -> str:
+    if len(names) < 2:
+        return ""
+    prefix = names[0]
+    for name in names[1:]:
+        while not name.startswith(prefix):
+            prefix = prefix[:-1]
+    cut = prefix.rfind("-")
+    return prefix[: cut + 1] if cut >= 0 else ""
+
+
+def _row_cells(row: PlanRow) -> list[str]:
+    dtype = row.kv_cache_dtype
+    if not row.is_bf16:
+        dtype = f"{dtype} REJECTED" if len(dtype) <= 6 else f"{dtype.split('_')[0]} REJECTED"
+    pool = [dtype, row.parallelism, f"{row.mem_fraction_static:.2f}", f"{row.kv_gib_per_rank:.2f}"]
+    if not row.starts:
+        return [*pool, "0 (fails)", "0 (fails)", *["-"] * 7]
+    mrr = str(row.recommended_max_running_requests)
+    if row.profile_max_running_requests is not None:
+        mrr += f" ({row.profile_max_running_requests})"
+    return [
+        *pool,
+        _tokens(row.tokens_per_rank),
+        _tokens(row.system_tokens),
+        str(row.concurrent_4k),
+        str(row.steady_concurrency),
+        mrr,
+        str(row.recommended_concurrency),
+        f"{row.tok_s:,.0f}",
+        f"{row.tok_s_low:,.0f}-{row.tok_s_high:,.0f}",
+        f"{_days(row.wall_clock_hours)} ({_days(row.wall_clock_hours_low)}-"
+        f"{_days(row.wall_clock_hours_high)})",
+    ]
+
+
+_ROW_LABELS = [
+    "KV cache dtype",
+    "parallelism",
+    "--mem-fraction-static",
+    "KV GiB per rank",
+    "KV tokens per rank",
+    "KV tokens, system",
+    "concurrent 4k requests",
+    "steady-state running",
+    "--max-running-requests",
+    "eagledata --concurrency",
+    "gen tok/s",
+    "gen tok/s band",
+    "wall clock, days",
+]
+
+
+def render_plan_table(
+    rows: Sequence[PlanRow], *, workload: Workload | None = None, width: int = 100
+) -> str:
+    """Profiles side by side (one column each, wrapped to ``width``), then status and notes
+    per profile, then which bf16 profile is fastest and how it compares with a rejected row.
+
+    Rejected (non-bf16, plan-only) columns come last. ``--max-running-requests`` shows the
+    recommendation with the profile's own value in brackets.
+    """
+    if not rows:
+        return "no profiles to plan"
+    ordered = [r for r in rows if r.is_bf16] + [r for r in rows if not r.is_bf16]
+    prefix = _common_prefix([row.profile for row in ordered])
+    headers = [row.profile[len(prefix) :] or row.profile for row in ordered]
+    columns = [[header, *_row_cells(row)] for header, row in zip(headers, ordered, strict=True)]
+    label_width = max(len(label) for label in _ROW_LABELS)
+    col_widths = [max(len(cell) for cell in column) for column in columns]
+
+    lines: list[str] = []
+    if workload is not None:
+        samples = workload.samples_per_prompt
+        lines.append(
+            f"workload: {workload.num_prompts:,} prompts"
+            + (f" x {samples} samples" if samples > 1 else "")
+            + f", mean prompt {workload.mean_prompt_tokens:,.0f}, mean output "
+            f"{workload.mean_output_tokens:,.0f}: {workload.total_output_tokens / 1e6:,.1f}M "
+            "output tokens"
+        )
+        lines.append(
+            f"  {workload.tokens_per_running_request:,.0f} KV tokens per running request; "
+            "wall clock = output tokens / gen tok/s (prefill not counted)"
+        )
+    if prefix:
+        lines.append(f"profiles {prefix}*")
+    start = 0
+    while start < len(columns):
+        used = label_width
+        end = start
+        while end < len(columns) and (end == start or used + 2 + col_widths[end] <= width):
+            used += 2 + col_widths[end]
+            end += 1
+        if start:
+            lines.append("")
+        chunk = range(start, end)
+        for r, label in enumerate(["", *_ROW_LABELS]):  # row 0: the profile names
+            cells = "".join("  " + columns[i][r].ljust(col_widths[i]) for i in chunk)
+            lines.append((label.ljust(label_width) + cells).rstrip())
+        start = end
+
+    for header, row in zip(headers, ordered, strict=True):
+        lines.append("")
+        status = row.status or "no status"
+        if not row.is_bf16:
+            status += f" (kv-cache-dtype {row.kv_cache_dtype}, plan only)"
+        lines.append(f"{header}: {status}")
+        lines += [f"  - {note}" for note in [*row.notes, *row.profile_notes]]
+
+    lines.append("")
+    lines.append(_verdict(ordered, headers))
+    return "\n".join(lines)
+
+
+def _verdict(rows: Sequence[PlanRow], headers: Sequence[str]) -> str:
+    named = list(zip(headers, rows, strict=True))
+    bf16 = [(h, r) for h, r in named if r.is_bf16 and r.starts]
+    rejected = [(h, r) for h, r in named if not r.is_bf16 and r.starts]
+    if not bf16:
+        return "no bf16 profile starts: nothing here may generate data"
+    best_name, best = max(bf16, key=lambda item: item[1].tok_s)
+    text = f"best bf16 profile: {best_name}, ~{best.tok_s:,.0f} tok/s"
+    if best.wall_clock_hours is not None:
+        text += f" ({best.wall_clock_hours / 24:.1f} days)"
+    if rejected:
+        ref_name, ref = max(rejected, key=lambda item: item[1].tok_s)
+        beating = [h for h, r in bf16 if r.tok_s >= ref.tok_s]
+        text += f"\nrejected {ref_name} ({ref.kv_cache_dtype} KV): ~{ref.tok_s:,.0f} tok/s; " + (
+            f"bf16 at or above it: {', '.join(beating)}" if beating else "no bf16 profile"
+        )
+    return text

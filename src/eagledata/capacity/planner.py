@@ -1,0 +1,196 @@
+"""The planner: one :class:`PlanRow` per deployment, from KV sizing, memory and the workload."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+from eagledata.capacity.kv import KVModel
+from eagledata.capacity.memory import Deployment, kv_gib_per_rank, kv_tokens_per_rank
+from eagledata.capacity.workload import Workload
+from eagledata.profiles import BF16_KV_DTYPES, HardwareSection, Profile, ThroughputSection
+
+CONCURRENT_REQUEST_TOKENS = 4096
+"""The "concurrent 4k requests" column: every running request holding 4,096 tokens."""
+
+MAX_RUNNING_HEADROOM = 1.2
+"""Recommended ``--max-running-requests`` = steady state x this, rounded up to a multiple of 8."""
+
+CLIENT_QUEUE_HEADROOM = 1.1
+"""Recommended eagledata ``--concurrency`` = running target x this: a few requests wait in the
+server queue so a finished slot refills at once, without pushing the KV pool into retraction."""
+
+
+def decode_tok_s(running: float, throughput: ThroughputSection) -> float:
+    """Generated tok/s with ``running`` requests decoding (the two-run step-time fit)."""
+    if running <= 0:
+        return 0.0
+    return running / (throughput.step_base_s + throughput.step_per_request_s * running)
+
+
+class PlanRow(BaseModel):
+    """One profile's plan. Token counts are KV slots; rates are generated tok/s."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    profile: str
+    kv_cache_dtype: str
+    plan_only: bool
+    status: str
+    parallelism: str
+    mem_fraction_static: float
+    cell_bytes: int
+    kv_gib_per_rank: float
+    tokens_per_rank: int
+    system_tokens: int
+    starts: bool
+    concurrent_4k: int
+    steady_concurrency: int
+    running: int
+    recommended_max_running_requests: int
+    recommended_concurrency: int
+    profile_max_running_requests: int | None
+    tok_s: float
+    tok_s_low: float
+    tok_s_high: float
+    wall_clock_hours: float | None
+    wall_clock_hours_low: float | None
+    wall_clock_hours_high: float | None
+    notes: list[str]
+    """What the arithmetic found (pool fails, compute cap, context too short, ...)."""
+    profile_notes: list[str] = []
+    """The profile's own ``notes`` (what is measured, what is not)."""
+
+    @property
+    def is_bf16(self) -> bool:
+        return self.kv_cache_dtype in BF16_KV_DTYPES
+
+
+def _round_up(value: float, multiple: int) -> int:
+    return max(multiple, math.ceil(value / multiple) * multiple)
+
+
+def plan_deployment(
+    *,
+    label: str,
+    model: KVModel,
+    hardware: HardwareSection,
+    deployment: Deployment,
+    workload: Workload,
+    throughput: ThroughputSection | None = None,
+    plan_only: bool = False,
+    status: str = "",
+    profile_notes: Sequence[str] = (),
+) -> PlanRow:
+    """The plan for one deployment; pure arithmetic, no I/O."""
+    fit = throughput or ThroughputSection()
+    notes: list[str] = []
+    cell = model.cell_bytes(deployment.kv_cache_dtype, attn_tp_size=deployment.attn_tp_size)
+    gib = kv_gib_per_rank(hardware, deployment)
+    per_rank = kv_tokens_per_rank(hardware, deployment, cell)
+    system = per_rank * deployment.attn_dp_size * deployment.dcp_size
+    starts = per_rank > 0
+    if not starts:
+        notes.append(
+            f"KV pool {gib:.2f} GiB per rank: SGLang aborts with 'Not enough memory'; "
+            "raise --mem-fraction-static or drop DP attention"
+        )
+
+    steady = math.floor(system / workload.tokens_per_running_request)
+    rec_mrr = min(_round_up(steady * MAX_RUNNING_HEADROOM, 8), fit.max_running_cap)
+    rec_concurrency = math.ceil(min(steady, rec_mrr) * CLIENT_QUEUE_HEADROOM) if starts else 0
+
+    server_cap = deployment.max_running_requests
+    running = steady if server_cap is None else min(steady, server_cap)
+    if server_cap is not None and server_cap < min(steady, rec_mrr):
+        notes.append(
+            f"--max-running-requests {server_cap} holds the batch below the KV's steady state "
+            f"({steady})"
+        )
+    fit_running = min(running, fit.max_running_fit)
+    if running > fit.max_running_fit:
+        notes.append(
+            f"KV holds {steady} running requests; decode is compute-bound above "
+            f"~{fit.max_running_fit}, so tok/s is rated there"
+        )
+
+    tok_s = decode_tok_s(fit_running, fit)
+    low, high = tok_s * (1 - fit.band), tok_s * (1 + fit.band)
+
+    graph_bs = deployment.cuda_graph_max_bs
+    per_rank_batch = math.ceil(min(running, rec_mrr) / deployment.attn_dp_size)
+    if graph_bs is not None and starts and graph_bs < per_rank_batch:
+        notes.append(
+            f"--cuda-graph-max-bs {graph_bs} < {per_rank_batch} running per rank: larger decode "
+            "batches run without CUDA graphs"
+        )
+    if deployment.context_length is not None:
+        over = workload.fraction_over(deployment.context_length)
+        if over:
+            notes.append(
+                f"{over:.1%} of sampled prompts leave less than max_new_tokens "
+                f"{workload.max_new_tokens} within --context-length {deployment.context_length}"
+            )
+        elif (
+            over is None
+            and workload.max_prompt_tokens is not None
+            and workload.max_prompt_tokens + workload.max_new_tokens > deployment.context_length
+        ):
+            notes.append("longest prompt + max_new_tokens exceeds --context-length")
+    if workload.mean_output_assumed:
+        notes.append("mean output assumed = max_new_tokens (pass the expected mean output)")
+
+    def hours(rate: float) -> float | None:
+        return workload.total_output_tokens / rate / 3600 if rate > 0 else None
+
+    return PlanRow(
+        profile=label,
+        kv_cache_dtype=deployment.kv_cache_dtype,
+        plan_only=plan_only,
+        status=status,
+        parallelism=deployment.parallelism,
+        mem_fraction_static=deployment.mem_fraction_static,
+        cell_bytes=cell,
+        kv_gib_per_rank=gib,
+        tokens_per_rank=per_rank,
+        system_tokens=system,
+        starts=starts,
+        concurrent_4k=system // CONCURRENT_REQUEST_TOKENS,
+        steady_concurrency=steady,
+        running=running,
+        recommended_max_running_requests=rec_mrr if starts else 0,
+        recommended_concurrency=rec_concurrency,
+        profile_max_running_requests=server_cap,
+        tok_s=tok_s,
+        tok_s_low=low,
+        tok_s_high=high,
+        wall_clock_hours=hours(tok_s),
+        wall_clock_hours_low=hours(high),
+        wall_clock_hours_high=hours(low),
+        notes=notes,
+        profile_notes=list(profile_notes),
+    )
+
+
+def plan_profile(profile: Profile, workload: Workload) -> PlanRow:
+    """The plan for one launch profile."""
+    base_dir = str(Path(profile.source).parent) if profile.source else ""
+    return plan_deployment(
+        label=profile.name,
+        model=KVModel.from_section(profile.model, base_dir=base_dir),
+        hardware=profile.hardware,
+        deployment=Deployment.from_profile(profile),
+        workload=workload,
+        throughput=profile.throughput,
+        plan_only=profile.plan_only,
+        status=profile.status,
+        profile_notes=profile.notes,
+    )
+
+
+def plan_profiles(profiles: Sequence[Profile], workload: Workload) -> list[PlanRow]:
+    """One :class:`PlanRow` per profile, in the given order."""
+    return [plan_profile(profile, workload) for profile in profiles]

@@ -1,0 +1,123 @@
+"""Parsing a ``/generate`` body: prompts, sampling params, rids and SGLang's length checks."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from eagledata.simserver.config import ModelSpec
+from eagledata.simserver.engine import generate, prompt_digest
+from eagledata.simserver.protocol import bad_body, bad_value
+from eagledata.simserver.sampling import SamplingSpec, parse_sampling, resolve_max_new
+from eagledata.simserver.scheduler import Item
+from eagledata.simserver.state import SimState
+
+
+@dataclass(slots=True)
+class Parsed:
+    pairs: list[tuple[Item, SamplingSpec]]
+    single: bool
+    stream: bool
+    fault_key: bytes
+
+
+def _prompts(obj: dict[str, Any], model: ModelSpec) -> tuple[list[list[int]], bool]:
+    given = [k for k in ("text", "input_ids", "input_embeds") if obj.get(k) is not None]
+    if len(given) != 1:
+        raise bad_value("Either text, input_ids or input_embeds should be provided (only one).")
+    if given[0] == "input_embeds":
+        raise bad_value("input_embeds is not supported by the simulated server.")
+    value = obj[given[0]]
+    if given[0] == "text":
+        if isinstance(value, str):
+            return [model.encode(value)], True
+        if isinstance(value, list) and value and all(isinstance(t, str) for t in value):
+            return [model.encode(t) for t in value], False
+        raise bad_body("text must be a string or a non-empty list of strings")
+    if not isinstance(value, list) or not value:
+        raise bad_value("input_ids cannot be empty.")
+    single = not isinstance(value[0], list)
+    prompts = [value] if single else value
+    for ids in prompts:
+        if not isinstance(ids, list) or not ids:
+            raise bad_value("input_ids cannot be empty.")
+        if set(map(type, ids)) != {int}:
+            raise bad_body("input_ids must be a list of integers or a list of such lists")
+        if min(ids) < 0 or max(ids) >= model.vocab_size:
+            raise bad_value(f"The input_ids contain a token id outside [0, {model.vocab_size}).")
+    return prompts, single
+
+
+def _rids(obj: dict[str, Any], prompts: int, n: int) -> list[str]:
+    rid = obj.get("rid")
+    total = prompts * n
+    if rid is None:
+        return [os.urandom(16).hex() for _ in range(total)]
+    if isinstance(rid, str):
+        return [rid] if total == 1 else [f"{rid}_{i}" for i in range(total)]
+    if not isinstance(rid, list) or len(rid) != prompts or not all(isinstance(r, str) for r in rid):
+        raise bad_value("The rid should be a string or a list of strings, one per prompt.")
+    return list(rid) if n == 1 else [f"{r}_{j}" for r in rid for j in range(n)]
+
+
+def parse_generate(obj: Any, state: SimState) -> Parsed:
+    if not isinstance(obj, dict):
+        raise bad_body("The request body must be a JSON object.")
+    config, model = state.config, state.model
+    stream = bool(obj.get("stream", False))
+    prompts, single = _prompts(obj, model)
+    raw = obj.get("sampling_params")
+    if isinstance(raw, list):
+        if len(raw) != len(prompts):
+            raise bad_value("sampling_params list must have one entry per prompt.")
+        specs = [parse_sampling(r, model.vocab_size) for r in raw]
+    else:
+        specs = [parse_sampling(raw, model.vocab_size)] * len(prompts)
+    n = specs[0].n
+    rids = _rids(obj, len(prompts), n)
+    if len(set(rids)) != len(rids):
+        raise bad_value(f"Duplicate request ID in the batch: {rids}")
+    if config.version_tuple() >= (0, 5, 23):
+        for rid in rids:
+            if rid in state.scheduler.rid_counts:
+                raise bad_value(f"Duplicate request ID {rid!r}: a request with it is in flight.")
+    ctx, limit = config.context_length, config.max_req_input_len()
+    budgets = []
+    for ids, spec in zip(prompts, specs, strict=True):
+        length = len(ids)
+        max_new = resolve_max_new(spec, length, config)
+        if length >= ctx:
+            raise bad_value(
+                f"The input ({length} tokens) is longer than the model's context length "
+                f"({ctx} tokens)."
+            )
+        if length + max_new >= ctx:
+            raise bad_value(
+                f"Requested token count exceeds the model's maximum context length of {ctx} "
+                f"tokens. You requested a total of {length + max_new} tokens: {length} tokens "
+                f"from the input messages and {max_new} tokens for the completion. Please reduce "
+                "the number of tokens in the input messages or the completion to fit within the "
+                "limit."
+            )
+        if length >= limit:
+            raise bad_value(
+                f"Input length ({length} tokens) exceeds the maximum allowed length ({limit} "
+                "tokens). Use a shorter input or enable --allow-auto-truncate."
+            )
+        budgets.append(max_new)
+    pairs: list[tuple[Item, SamplingSpec]] = []
+    fp8, dtype = config.is_fp8(), config.effective_kv_dtype()
+    digests = []
+    for ids, spec, max_new in zip(prompts, specs, budgets, strict=True):
+        digest = prompt_digest(ids)
+        digests.append(digest + spec.sampling_key)
+        for j in range(n):
+            out, finish = generate(model, digest, spec, max_new, config, fp8=fp8, sample_index=j)
+            item = Item(rids[len(pairs)], len(ids), out, finish)
+            item.kv_dtype = dtype
+            item.cached = state.scheduler.note_prefix(config, digest, len(ids))
+            pairs.append((item, spec))
+    key = hashlib.blake2b(b"".join(digests), digest_size=16).digest()
+    return Parsed(pairs, single and n == 1, stream, key)

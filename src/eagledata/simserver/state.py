@@ -1,0 +1,49 @@
+"""The live state of one simulated server, and the operations the runner performs on it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from eagledata.simserver.config import ModelSpec, SimConfig, resolve_model
+from eagledata.simserver.scheduler import RUNNING, Scheduler
+
+
+@dataclass
+class SimState:
+    config: SimConfig
+    model: ModelSpec
+    scheduler: Scheduler = field(default_factory=Scheduler)
+    started: float = 0.0
+    host: str = "127.0.0.1"
+    port: int = 0
+    attempts: dict[bytes, int] = field(default_factory=dict)
+
+
+STATE = web.AppKey("sim_state", SimState)
+
+
+def apply_control(state: SimState, changes: dict[str, Any]) -> dict[str, Any]:
+    """Validate and install new settings; raises ValidationError or EagledataError."""
+    config = SimConfig.model_validate({**state.config.model_dump(), **changes})
+    state.model = resolve_model(config)
+    state.config = config
+    for rank in state.scheduler.ranks:
+        state.scheduler.drain(rank, config)
+    return config.model_dump()
+
+
+def stats_snapshot(state: SimState) -> dict[str, Any]:
+    scheduler = state.scheduler
+    running = sum(1 for item in scheduler.live if item.state == RUNNING)
+    return {
+        **scheduler.stats.as_dict(),
+        "in_flight": len(scheduler.live),
+        "running": running,
+        "queued": len(scheduler.live) - running,
+        "load": scheduler.load(state.config),
+        "kv_cache_dtype": state.config.kv_cache_dtype,
+        "effective_kv_dtype": state.config.effective_kv_dtype(),
+    }
