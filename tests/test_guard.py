@@ -1,0 +1,106 @@
+"""Invariant 2 on the data path: no record from a non-bf16 server ever lands (issue 4)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from conftest import SAMPLES, make_config, read_records, sim_config
+
+from eagledata import pipeline
+from eagledata.errors import ServerRefusedError
+from eagledata.simserver import SimServerThread
+
+DATASET = str(SAMPLES / "sharegpt.jsonl")
+KIMI = {"expected_model": "moonshotai/Kimi-K2.5", "bf16_kv_bytes_per_token": 70272}
+
+
+def checks(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / "checks.jsonl"
+    return [orjson.loads(line) for line in path.read_bytes().splitlines()] if path.exists() else []
+
+
+def test_bf16_server_passes_and_every_check_is_recorded(
+    tokenizer_dir: str, tmp_path: Path
+) -> None:
+    with SimServerThread(sim_config(tokenizer_dir, latency_s=0.02)) as sim:
+        out = tmp_path / "run"
+        summary = pipeline.generate(make_config([sim.url], out, server=KIMI), DATASET, None,
+                                    progress=False)
+    assert summary.written == 40
+    logged = checks(out)
+    assert len(logged) >= 2 and all(entry["ok"] for entry in logged)
+    assert logged[0]["internal_kv_dtypes"] == ["bf16"]
+    assert logged[0]["bytes_per_token"] == pytest.approx(70272, rel=0.01)
+
+
+@pytest.mark.parametrize(
+    ("server_setup", "problem"),
+    [
+        ({"kv_cache_dtype": "fp8_e4m3"}, "fp8_e4m3"),
+        ({"kv_cache_dtype": "auto", "internal_kv_cache_dtype": "fp8_e4m3"}, "auto"),
+        ({"kv_cache_dtype": "bf16", "kv_bytes_per_token": 35136}, "B per KV token"),
+        ({"model_path": "someone/Other-Model"}, "someone/Other-Model"),
+    ],
+    ids=["fp8-flag", "auto-resolved-to-fp8", "fp8-sized-cache", "other-model"],
+)
+def test_refused_server_gets_no_request_and_no_record(
+    tokenizer_dir: str, tmp_path: Path, server_setup: dict[str, Any], problem: str
+) -> None:
+    with SimServerThread(sim_config(tokenizer_dir, **server_setup)) as sim:
+        out = tmp_path / "run"
+        with pytest.raises(ServerRefusedError, match=problem):
+            pipeline.generate(make_config([sim.url], out, server=KIMI), DATASET, None,
+                              progress=False)
+        assert sim.stats()["requests"] == 0
+    assert read_records(out) == []
+    assert checks(out) and not checks(out)[-1]["ok"]
+
+
+def test_auto_that_resolved_to_bf16_passes(tokenizer_dir: str, tmp_path: Path) -> None:
+    with SimServerThread(sim_config(tokenizer_dir, kv_cache_dtype="auto",
+                                    internal_kv_cache_dtype="bf16")) as sim:
+        summary = pipeline.generate(make_config([sim.url], tmp_path / "run", server=KIMI),
+                                    DATASET, None, progress=False)
+    assert summary.written == 40
+
+
+def test_switch_to_fp8_mid_run_lands_no_post_switch_record(
+    tokenizer_dir: str, tmp_path: Path
+) -> None:
+    out = tmp_path / "run"
+    with SimServerThread(sim_config(tokenizer_dir, latency_s=0.1)) as sim:
+        switched = threading.Event()
+
+        def switch_after_some_work() -> None:
+            # Switch once records have landed: the run is demonstrably mid-way.
+            deadline = time.monotonic() + 20
+            while not read_records(out) and time.monotonic() < deadline:
+                time.sleep(0.005)
+            sim.control(kv_cache_dtype="fp8_e4m3")
+            switched.set()
+
+        switcher = threading.Thread(target=switch_after_some_work, daemon=True)
+        switcher.start()
+        config = make_config([sim.url], out, server={**KIMI, "guard_interval_s": 0.3,
+                                                     "guard_max_held": 1000},
+                             run={"concurrency": 4})
+        with pytest.raises(ServerRefusedError, match="fp8"):
+            pipeline.generate(config, DATASET, None, progress=False)
+        switcher.join()
+        served_under = sim.stats()["rid_kv_dtype"]
+
+    assert switched.is_set()
+    records = read_records(out)
+    assert 0 < len(records) < 40
+    fp8_rids = {rid for rid, dtype in served_under.items() if dtype != "bf16"}
+    assert fp8_rids, "the server did generate under fp8 after the switch"
+    assert not fp8_rids & {record["rid"] for record in records}
+    # What was held back is generated again on resume, against a good server.
+    with SimServerThread(sim_config(tokenizer_dir)) as good:
+        summary = pipeline.resume(out, server_urls=[good.url], progress=False)
+    assert summary.written == 40 and summary.left == 0
