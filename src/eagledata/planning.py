@@ -8,20 +8,12 @@ prompt lengths of a dataset sample (with the run's own tokenizer and template), 
 from __future__ import annotations
 
 import itertools
-import math
 
-from eagledata.capacity import (
-    CLIENT_QUEUE_HEADROOM,
-    CONCURRENT_REQUEST_TOKENS,
-    MAX_RUNNING_HEADROOM,
-    PlanRow,
-    Workload,
-    decode_tok_s,
-)
+from eagledata.capacity import PlanRow, Workload
+from eagledata.capacity.planner import plan_from_pool
 from eagledata.config import AppConfig
 from eagledata.dataset import ResolvedDataset, count_rows, iter_rows
 from eagledata.errors import ConfigError, ItemError
-from eagledata.profiles import ThroughputSection
 from eagledata.prompts import to_messages
 from eagledata.serverfacts import ServerFacts
 from eagledata.tokenization import PromptTokenizer
@@ -57,43 +49,17 @@ def measure_workload(
 
 
 def live_row(url: str, facts: ServerFacts, workload: Workload) -> PlanRow:
-    """A plan row from what a running server reports, with the same fit as the profiles."""
-    fit = ThroughputSection()
-    system = facts.system_kv_tokens or 0
-    steady = math.floor(system / workload.tokens_per_running_request)
-    server_cap = facts.max_running_requests
-    running = steady if server_cap is None else min(steady, server_cap)
-    rec_mrr = min(max(8, math.ceil(steady * MAX_RUNNING_HEADROOM / 8) * 8), fit.max_running_cap)
-    tok_s = decode_tok_s(min(running, fit.max_running_fit), fit)
-
-    def hours(rate: float) -> float | None:
-        return workload.total_output_tokens / rate / 3600 if rate > 0 else None
-
-    dtype = facts.kv_cache_dtype or "unknown"
-    return PlanRow(
-        profile=f"live {url}",
-        kv_cache_dtype=dtype,
-        plan_only=False,
-        status="measured pool (from /server_info)",
+    """A plan row from the pool a running server reports, with the same fit as the profiles."""
+    return plan_from_pool(
+        label=f"live {url}",
+        kv_cache_dtype=facts.kv_cache_dtype or "unknown",
         parallelism=f"TP{facts.tp_size or '?'}"
         + (f" DPA{facts.dp_size}" if facts.enable_dp_attention else ""),
         mem_fraction_static=facts.mem_fraction_static or 0.0,
-        cell_bytes=0,
-        kv_gib_per_rank=0.0,
+        workload=workload,
         tokens_per_rank=facts.max_total_num_tokens or 0,
-        system_tokens=system,
-        starts=system > 0,
-        concurrent_4k=system // CONCURRENT_REQUEST_TOKENS,
-        steady_concurrency=steady,
-        running=running,
-        recommended_max_running_requests=rec_mrr,
-        recommended_concurrency=math.ceil(min(steady, rec_mrr) * CLIENT_QUEUE_HEADROOM),
-        profile_max_running_requests=server_cap,
-        tok_s=tok_s,
-        tok_s_low=tok_s * (1 - fit.band),
-        tok_s_high=tok_s * (1 + fit.band),
-        wall_clock_hours=hours(tok_s),
-        wall_clock_hours_low=hours(tok_s * (1 + fit.band)),
-        wall_clock_hours_high=hours(tok_s * (1 - fit.band)),
-        notes=[],
+        system_tokens=facts.system_kv_tokens or 0,
+        max_running_requests=facts.max_running_requests,
+        context_length=facts.context_length,
+        status="measured pool (from /server_info)",
     )

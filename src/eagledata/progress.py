@@ -72,6 +72,8 @@ class Progress:
         self._bar.write(message, file=sys.stderr)
 
     def close(self) -> None:
+        # The last postfix may be half a second old: show the final state, not a stale one.
+        self._bar.set_postfix({"tok/s": f"{self.rate.rate():,.0f}", "in_flight": 0, "held": 0})
         self._bar.close()
 
 

@@ -86,24 +86,69 @@ def plan_deployment(
     profile_notes: Sequence[str] = (),
 ) -> PlanRow:
     """The plan for one deployment; pure arithmetic, no I/O."""
-    fit = throughput or ThroughputSection()
-    notes: list[str] = []
     cell = model.cell_bytes(deployment.kv_cache_dtype, attn_tp_size=deployment.attn_tp_size)
     gib = kv_gib_per_rank(hardware, deployment)
     per_rank = kv_tokens_per_rank(hardware, deployment, cell)
-    system = per_rank * deployment.attn_dp_size * deployment.dcp_size
-    starts = per_rank > 0
-    if not starts:
+    notes: list[str] = []
+    if per_rank <= 0:
         notes.append(
             f"KV pool {gib:.2f} GiB per rank: SGLang aborts with 'Not enough memory'; "
             "raise --mem-fraction-static or drop DP attention"
         )
+    return plan_from_pool(
+        label=label,
+        kv_cache_dtype=deployment.kv_cache_dtype,
+        parallelism=deployment.parallelism,
+        mem_fraction_static=deployment.mem_fraction_static,
+        workload=workload,
+        tokens_per_rank=per_rank,
+        system_tokens=per_rank * deployment.attn_dp_size * deployment.dcp_size,
+        cell_bytes=cell,
+        kv_gib_per_rank=gib,
+        max_running_requests=deployment.max_running_requests,
+        attn_dp_size=deployment.attn_dp_size,
+        cuda_graph_max_bs=deployment.cuda_graph_max_bs,
+        context_length=deployment.context_length,
+        throughput=throughput,
+        plan_only=plan_only,
+        status=status,
+        notes=notes,
+        profile_notes=profile_notes,
+    )
+
+
+def plan_from_pool(
+    *,
+    label: str,
+    kv_cache_dtype: str,
+    parallelism: str,
+    mem_fraction_static: float,
+    workload: Workload,
+    tokens_per_rank: int,
+    system_tokens: int,
+    cell_bytes: int = 0,
+    kv_gib_per_rank: float = 0.0,
+    max_running_requests: int | None = None,
+    attn_dp_size: int = 1,
+    cuda_graph_max_bs: int | None = None,
+    context_length: int | None = None,
+    throughput: ThroughputSection | None = None,
+    plan_only: bool = False,
+    status: str = "",
+    notes: Sequence[str] = (),
+    profile_notes: Sequence[str] = (),
+) -> PlanRow:
+    """Concurrency, rates and wall clock from a KV pool, estimated or reported by a server."""
+    fit = throughput or ThroughputSection()
+    notes = list(notes)
+    system = system_tokens
+    starts = tokens_per_rank > 0
 
     steady = math.floor(system / workload.tokens_per_running_request)
     rec_mrr = min(_round_up(steady * MAX_RUNNING_HEADROOM, 8), fit.max_running_cap)
     rec_concurrency = math.ceil(min(steady, rec_mrr) * CLIENT_QUEUE_HEADROOM) if starts else 0
 
-    server_cap = deployment.max_running_requests
+    server_cap = max_running_requests
     running = steady if server_cap is None else min(steady, server_cap)
     if server_cap is not None and server_cap < min(steady, rec_mrr):
         notes.append(
@@ -120,24 +165,24 @@ def plan_deployment(
     tok_s = decode_tok_s(fit_running, fit)
     low, high = tok_s * (1 - fit.band), tok_s * (1 + fit.band)
 
-    graph_bs = deployment.cuda_graph_max_bs
-    per_rank_batch = math.ceil(min(running, rec_mrr) / deployment.attn_dp_size)
+    graph_bs = cuda_graph_max_bs
+    per_rank_batch = math.ceil(min(running, rec_mrr) / attn_dp_size)
     if graph_bs is not None and starts and graph_bs < per_rank_batch:
         notes.append(
             f"--cuda-graph-max-bs {graph_bs} < {per_rank_batch} running per rank: larger decode "
             "batches run without CUDA graphs"
         )
-    if deployment.context_length is not None:
-        over = workload.fraction_over(deployment.context_length)
+    if context_length is not None:
+        over = workload.fraction_over(context_length)
         if over:
             notes.append(
                 f"{over:.1%} of sampled prompts leave less than max_new_tokens "
-                f"{workload.max_new_tokens} within --context-length {deployment.context_length}"
+                f"{workload.max_new_tokens} within --context-length {context_length}"
             )
         elif (
             over is None
             and workload.max_prompt_tokens is not None
-            and workload.max_prompt_tokens + workload.max_new_tokens > deployment.context_length
+            and workload.max_prompt_tokens + workload.max_new_tokens > context_length
         ):
             notes.append("longest prompt + max_new_tokens exceeds --context-length")
     if workload.mean_output_assumed:
@@ -148,14 +193,14 @@ def plan_deployment(
 
     return PlanRow(
         profile=label,
-        kv_cache_dtype=deployment.kv_cache_dtype,
+        kv_cache_dtype=kv_cache_dtype,
         plan_only=plan_only,
         status=status,
-        parallelism=deployment.parallelism,
-        mem_fraction_static=deployment.mem_fraction_static,
-        cell_bytes=cell,
-        kv_gib_per_rank=gib,
-        tokens_per_rank=per_rank,
+        parallelism=parallelism,
+        mem_fraction_static=mem_fraction_static,
+        cell_bytes=cell_bytes,
+        kv_gib_per_rank=kv_gib_per_rank,
+        tokens_per_rank=tokens_per_rank,
         system_tokens=system,
         starts=starts,
         concurrent_4k=system // CONCURRENT_REQUEST_TOKENS,
