@@ -1,4 +1,4 @@
-"""Shared fixtures: offline hub settings, the bundled tokenizer, the simulated server on loopback."""
+"""Shared fixtures: offline hub settings, the bundled tokenizer, the simulated server."""
 
 from __future__ import annotations
 

@@ -9,8 +9,8 @@ from typing import Any
 
 import orjson
 import pytest
-from conftest import SAMPLES, make_config, read_records, sim_config
 
+from conftest import SAMPLES, make_config, read_records, sim_config
 from eagledata import pipeline
 from eagledata.errors import ServerRefusedError
 from eagledata.simserver import SimServerThread
@@ -24,13 +24,12 @@ def checks(run_dir: Path) -> list[dict[str, Any]]:
     return [orjson.loads(line) for line in path.read_bytes().splitlines()] if path.exists() else []
 
 
-def test_bf16_server_passes_and_every_check_is_recorded(
-    tokenizer_dir: str, tmp_path: Path
-) -> None:
+def test_bf16_server_passes_and_every_check_is_recorded(tokenizer_dir: str, tmp_path: Path) -> None:
     with SimServerThread(sim_config(tokenizer_dir, latency_s=0.02)) as sim:
         out = tmp_path / "run"
-        summary = pipeline.generate(make_config([sim.url], out, server=KIMI), DATASET, None,
-                                    progress=False)
+        summary = pipeline.generate(
+            make_config([sim.url], out, server=KIMI), DATASET, None, progress=False
+        )
     assert summary.written == 40
     logged = checks(out)
     assert len(logged) >= 2 and all(entry["ok"] for entry in logged)
@@ -54,18 +53,21 @@ def test_refused_server_gets_no_request_and_no_record(
     with SimServerThread(sim_config(tokenizer_dir, **server_setup)) as sim:
         out = tmp_path / "run"
         with pytest.raises(ServerRefusedError, match=problem):
-            pipeline.generate(make_config([sim.url], out, server=KIMI), DATASET, None,
-                              progress=False)
+            pipeline.generate(
+                make_config([sim.url], out, server=KIMI), DATASET, None, progress=False
+            )
         assert sim.stats()["requests"] == 0
     assert read_records(out) == []
     assert checks(out) and not checks(out)[-1]["ok"]
 
 
 def test_auto_that_resolved_to_bf16_passes(tokenizer_dir: str, tmp_path: Path) -> None:
-    with SimServerThread(sim_config(tokenizer_dir, kv_cache_dtype="auto",
-                                    internal_kv_cache_dtype="bf16")) as sim:
-        summary = pipeline.generate(make_config([sim.url], tmp_path / "run", server=KIMI),
-                                    DATASET, None, progress=False)
+    with SimServerThread(
+        sim_config(tokenizer_dir, kv_cache_dtype="auto", internal_kv_cache_dtype="bf16")
+    ) as sim:
+        summary = pipeline.generate(
+            make_config([sim.url], tmp_path / "run", server=KIMI), DATASET, None, progress=False
+        )
     assert summary.written == 40
 
 
@@ -86,9 +88,12 @@ def test_switch_to_fp8_mid_run_lands_no_post_switch_record(
 
         switcher = threading.Thread(target=switch_after_some_work, daemon=True)
         switcher.start()
-        config = make_config([sim.url], out, server={**KIMI, "guard_interval_s": 0.3,
-                                                     "guard_max_held": 1000},
-                             run={"concurrency": 4})
+        config = make_config(
+            [sim.url],
+            out,
+            server={**KIMI, "guard_interval_s": 0.3, "guard_max_held": 1000},
+            run={"concurrency": 4},
+        )
         with pytest.raises(ServerRefusedError, match="fp8"):
             pipeline.generate(config, DATASET, None, progress=False)
         switcher.join()

@@ -7,8 +7,8 @@ from typing import Any
 
 import orjson
 import pytest
-from conftest import SAMPLES, make_config, read_failures, read_records
 
+from conftest import SAMPLES, make_config, read_failures, read_records
 from eagledata import pipeline
 from eagledata.config import DatasetSettings
 from eagledata.errors import RunDirError, ServerUnavailableError
@@ -68,8 +68,9 @@ def test_multi_turn_rows_keep_context_up_to_the_last_user_turn(
     sim: SimServerThread, tmp_path: Path
 ) -> None:
     out = tmp_path / "run"
-    pipeline.generate(make_config([sim.url], out), str(SAMPLES / "ultrachat.jsonl"), None,
-                      progress=False)
+    pipeline.generate(
+        make_config([sim.url], out), str(SAMPLES / "ultrachat.jsonl"), None, progress=False
+    )
     rows = source_rows(SAMPLES / "ultrachat.jsonl")
     multi = [r for r in read_records(out) if len(r["messages"]) > 1]
     assert multi, "the ultrachat sample has multi-turn rows"
@@ -84,13 +85,15 @@ def test_unicode_and_whitespace_reach_the_template_unchanged(
     sim: SimServerThread, tmp_path: Path
 ) -> None:
     out = tmp_path / "run"
-    pipeline.generate(make_config([sim.url], out), str(SAMPLES / "sharegpt.jsonl"), None,
-                      progress=False)
+    pipeline.generate(
+        make_config([sim.url], out), str(SAMPLES / "sharegpt.jsonl"), None, progress=False
+    )
     rows = source_rows(SAMPLES / "sharegpt.jsonl")
     seen_non_ascii = seen_padded = False
     for record in read_records(out):
-        for message, turn in zip(record["messages"], rows[record["row_id"]]["conversations"],
-                                 strict=False):
+        for message, turn in zip(
+            record["messages"], rows[record["row_id"]]["conversations"], strict=False
+        ):
             assert message["content"] == turn["value"]
             seen_non_ascii |= any(ord(ch) > 127 for ch in turn["value"])
             seen_padded |= turn["value"] != turn["value"].strip()
@@ -136,8 +139,9 @@ def test_server_length_limit_keeps_over_long_prompts_from_being_sent(
 
     with SimServerThread(sim_config(tokenizer_dir, context_length=4096)) as server:
         out = tmp_path / "run"
-        pipeline.generate(make_config([server.url], out), str(SAMPLES / "bad_rows.jsonl"), None,
-                          progress=False)
+        pipeline.generate(
+            make_config([server.url], out), str(SAMPLES / "bad_rows.jsonl"), None, progress=False
+        )
         too_long = [f for f in read_failures(out) if f["row_id"] == "bad-too-long"]
         assert too_long and "server" in too_long[0]["message"]
         assert server.stats()["requests"] == 3
@@ -147,8 +151,9 @@ def test_samples_per_prompt_gives_one_record_per_sample(
     sim: SimServerThread, tmp_path: Path
 ) -> None:
     out = tmp_path / "run"
-    config = make_config([sim.url], out, generation={"samples_per_prompt": 3, "temperature": 0.7},
-                         run={"limit": 4})
+    config = make_config(
+        [sim.url], out, generation={"samples_per_prompt": 3, "temperature": 0.7}, run={"limit": 4}
+    )
     summary = pipeline.generate(config, str(SAMPLES / "prompts.jsonl"), None, progress=False)
     ids = sorted(r["id"] for r in read_records(out))
     assert summary.planned == 12 and len(ids) == 12 == len(set(ids))
@@ -158,8 +163,7 @@ def test_samples_per_prompt_gives_one_record_per_sample(
 def test_resume_after_partial_run_is_exactly_once(sim: SimServerThread, tmp_path: Path) -> None:
     out = tmp_path / "run"
     dataset = str(SAMPLES / "sharegpt.jsonl")
-    pipeline.generate(make_config([sim.url], out, run={"limit": 15}), dataset, None,
-                      progress=False)
+    pipeline.generate(make_config([sim.url], out, run={"limit": 15}), dataset, None, progress=False)
     # A resumed run may not widen the plan: the limit is frozen with the rest of the settings.
     with pytest.raises(RunDirError, match=r"run\.limit|limit"):
         pipeline.generate(make_config([sim.url], out), dataset, None, progress=False)
@@ -182,10 +186,13 @@ def test_datasets_loads_the_shards(sim: SimServerThread, tmp_path: Path) -> None
     import datasets
 
     out = tmp_path / "run"
-    pipeline.generate(make_config([sim.url], out), str(SAMPLES / "sharegpt.jsonl"), None,
-                      progress=False)
+    pipeline.generate(
+        make_config([sim.url], out), str(SAMPLES / "sharegpt.jsonl"), None, progress=False
+    )
     loaded = datasets.load_dataset(
-        "json", data_files=str(out / "shards" / "*.jsonl"), split="train",
+        "json",
+        data_files=str(out / "shards" / "*.jsonl"),
+        split="train",
         cache_dir=str(tmp_path / "cache"),
     )
     assert loaded.num_rows == len(read_records(out))

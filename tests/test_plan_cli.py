@@ -6,9 +6,9 @@ import os
 from pathlib import Path
 
 import pytest
-from conftest import REPO, sim_config
 from typer.testing import CliRunner
 
+from conftest import REPO, sim_config
 from eagledata.cli import app
 from eagledata.simserver import SimServerThread
 
@@ -33,8 +33,17 @@ def test_plan_shows_bf16_profiles_beside_the_rejected_fp8_one() -> None:
 def test_plan_measures_the_dataset_with_the_run_tokenizer() -> None:
     result = runner.invoke(
         app,
-        ["plan", "--config", "configs/demo.toml", "--dataset", "sample",
-         "--profile", "kimi-k25-tp8", "--mean-output-tokens", "200"],
+        [
+            "plan",
+            "--config",
+            "configs/demo.toml",
+            "--dataset",
+            "sample",
+            "--profile",
+            "kimi-k25-tp8",
+            "--mean-output-tokens",
+            "200",
+        ],
     )
     assert result.exit_code == 0, result.output
     assert "workload: 40 prompts" in result.output
@@ -62,9 +71,7 @@ def test_check_server_verdict_and_exit_code(
     tokenizer_dir: str, setup: dict[str, str], exit_code: int, verdict: str
 ) -> None:
     with SimServerThread(sim_config(tokenizer_dir, **setup)) as sim:
-        result = runner.invoke(
-            app, ["check-server", sim.url, "--config", "configs/eagledata.toml"]
-        )
+        result = runner.invoke(app, ["check-server", sim.url, "--config", "configs/eagledata.toml"])
     assert result.exit_code == exit_code, result.output
     assert verdict in result.output.upper()
     assert "moonshotai/Kimi-K2.5" in result.output

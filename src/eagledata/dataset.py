@@ -49,6 +49,8 @@ def resolve_dataset(name_or_path: str, table: dict[str, DatasetSettings]) -> Res
     )
     if looks_local or name_or_path.startswith("bundled:"):
         path = Path(resolve_bundled(name_or_path)).expanduser()
+        if path.is_dir():  # a saved hub dataset or a folder of data files: datasets reads it
+            return ResolvedDataset(path.name, DatasetSettings(source=str(path)))
         if not path.exists():
             raise DatasetError(f"dataset file {path} not found; check the path or the name")
         if path.suffix not in LOCAL_BUILDERS:
