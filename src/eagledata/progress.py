@@ -45,14 +45,18 @@ class Progress:
         self, *, total: int | None, initial: int, enabled: bool = True, stream: TextIO | None = None
     ) -> None:
         self.rate = RateWindow()
+        out = stream or sys.stderr
+        # In a log file (nohup, CI) a bar redrawn ten times a second would bury everything else.
+        interactive = hasattr(out, "isatty") and out.isatty()
         self._bar = tqdm(
             total=total,
             initial=initial,
             unit="rec",
             dynamic_ncols=True,
             disable=not enabled,
-            file=stream or sys.stderr,
+            file=out,
             smoothing=0.05,
+            mininterval=0.1 if interactive else 30.0,
         )
         self._last_postfix = 0.0
 
