@@ -70,16 +70,16 @@ class Scheduler(Generic[T]):
                 group.create_task(self._work(handle))
 
     async def _produce(self, source: AsyncIterator[T]) -> None:
-        try:
-            async for item in source:
-                if self._stopping:
-                    break
-                await self._queue.put(item)
-                self.stats.produced += 1
-        finally:
-            if not self._stopping:
-                for _ in range(self.concurrency):
-                    await self._queue.put(None)
+        async for item in source:
+            if self._stopping:
+                return
+            await self._queue.put(item)
+            self.stats.produced += 1
+        # Only on a clean end: after an error or a cancel the workers are being cancelled too,
+        # and a put into a full queue nobody reads would hang the task group for ever.
+        if not self._stopping:
+            for _ in range(self.concurrency):
+                await self._queue.put(None)
 
     async def _work(self, handle: Callable[[T], Awaitable[None]]) -> None:
         while not self._stopping:
