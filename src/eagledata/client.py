@@ -1,8 +1,9 @@
 """Step 5: the only module that speaks HTTP to SGLang.
 
-* Connections are sharded over several ``httpx.AsyncClient`` pools: one pool's cost grows with the
-  square of its size (DESIGN.md, HTTP), so ``ceil(in_flight / connections_per_pool)`` small pools
-  keep the client far from being the bottleneck.
+* Connections are sharded over many small ``httpx.AsyncClient`` pools: a pool's per-request cost
+  grows with its size (DESIGN.md, HTTP; ``benchmarks/bench_client.py``), so each server gets
+  ``ceil(in_flight / connections_per_pool)`` pools of its own, and a request goes to the least
+  loaded. Per server, so that a pool never closes one server's idle connection to open another's.
 * Work goes to the healthy server with the fewest requests in flight from us.
 * Every response is checked against the token contract before it becomes a ``GenerateResult``.
 * httpx exceptions are translated here, by type and status code, never by message text, into the
@@ -14,8 +15,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import math
 import os
+import ssl
+import sys
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -27,6 +31,7 @@ import orjson
 
 from eagledata.errors import (
     ContractViolationError,
+    ItemError,
     RejectedRequestError,
     RetryableItemError,
     ServerError,
@@ -34,6 +39,23 @@ from eagledata.errors import (
 )
 
 RID_PREFIX = "eagledata-"
+
+
+def _remember_missing_sniffio() -> None:
+    """Make httpcore's per-request ``import sniffio`` fail fast when sniffio is not installed.
+
+    httpcore looks up the async library on every pool lock, event and shielded close (several times
+    per request) with ``import sniffio``; httpx no longer depends on sniffio, and a failed import is
+    not cached, so each one searches all of ``sys.path`` again: a quarter of the client's CPU
+    (benchmarks/bench_client.py). ``sys.modules[name] = None`` is Python's documented way to record
+    "no such module": the import still raises ``ImportError``, without touching the disk. Nothing
+    changes where sniffio is installed.
+    """
+    if "sniffio" not in sys.modules and importlib.util.find_spec("sniffio") is None:
+        sys.modules["sniffio"] = None  # type: ignore[assignment]
+
+
+_remember_missing_sniffio()
 
 
 def new_rid() -> str:
@@ -67,6 +89,17 @@ class GenerateResult:
     completed_at: float = field(default_factory=time.monotonic)
 
 
+class _Shard:
+    """One server's generation pools and the requests each holds (the load)."""
+
+    def __init__(self, pools: list[httpx.AsyncClient]) -> None:
+        self.pools = pools
+        self.load = [0] * len(pools)
+
+    def pick(self) -> int:
+        return self.load.index(min(self.load))
+
+
 @dataclass(slots=True)
 class Endpoint:
     url: str
@@ -74,6 +107,9 @@ class Endpoint:
     in_flight: int = 0
     requests: int = 0
     failures: int = 0
+    last_ok: float = field(default_factory=time.monotonic)
+    """When a generation last succeeded here (or the client started): a server that has failed
+    every request since an item's first failure is down, whatever its ``/health`` says."""
 
 
 def _error_message(content: bytes) -> str:
@@ -147,21 +183,24 @@ class SGLangClient:
         urls: list[str],
         *,
         in_flight: int,
-        connections_per_pool: int = 32,
+        connections_per_pool: int = 8,
         connect_timeout_s: float = 10.0,
         request_timeout_s: float = 3600.0,
         api_key: str | None = None,
+        api_key_env: str = "SGLANG_API_KEY",
         health_poll_s: float = 2.0,
     ) -> None:
         if not urls:
             raise ServerError("no server URL given; pass --server URL")
         self.endpoints = [Endpoint(url.rstrip("/")) for url in urls]
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._api_key_env = api_key_env
         self._timeout = httpx.Timeout(connect_timeout_s, read=request_timeout_s, pool=None)
         self._pool_size = max(1, min(connections_per_pool, in_flight))
         self._pool_count = max(1, math.ceil(in_flight / self._pool_size))
-        self._pools: list[httpx.AsyncClient] = []
-        self._pool_load: list[int] = []
+        self._shards: dict[str, _Shard] = {}
+        self._control_pool: httpx.AsyncClient | None = None
+        self._tls: ssl.SSLContext | None = None
         self._health_poll_s = health_poll_s
         self._recovering = asyncio.Lock()
 
@@ -170,37 +209,58 @@ class SGLangClient:
         return os.environ.get(variable) or None
 
     async def __aenter__(self) -> SGLangClient:
-        limits = httpx.Limits(
-            max_connections=self._pool_size, max_keepalive_connections=self._pool_size
-        )
-        self._pools = [
-            httpx.AsyncClient(limits=limits, timeout=self._timeout, headers=self._headers)
-            for _ in range(self._pool_count)
-        ]
+        # One TLS context for all pools: each AsyncClient would otherwise load the CA bundle anew
+        # (tens of ms each, and there may be hundreds of pools).
+        self._tls = httpx.create_ssl_context()
         # One small extra pool for control calls so they never queue behind generations.
-        self._pools.append(httpx.AsyncClient(timeout=httpx.Timeout(30.0), headers=self._headers))
-        self._pool_load = [0] * len(self._pools)
+        self._control_pool = httpx.AsyncClient(
+            timeout=httpx.Timeout(30.0), headers=self._headers, verify=self._tls
+        )
+        for endpoint in self.endpoints:
+            self._shard(endpoint.url)
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
-        pools, self._pools = self._pools, []
+        pools = [pool for shard in self._shards.values() for pool in shard.pools]
+        if self._control_pool is not None:
+            pools.append(self._control_pool)
+        self._shards, self._control_pool = {}, None
         await asyncio.gather(*(pool.aclose() for pool in pools), return_exceptions=True)
 
     @property
     def _control(self) -> httpx.AsyncClient:
-        if not self._pools:
+        if self._control_pool is None:
             raise RuntimeError("SGLangClient used outside 'async with'")
-        return self._pools[-1]
+        return self._control_pool
 
-    def _pick_pool(self) -> int:
-        loads = self._pool_load[:-1]
-        return loads.index(min(loads))
+    def _shard(self, url: str) -> _Shard:
+        """The generation pools of one server, opened on first use."""
+        shard = self._shards.get(url)
+        if shard is None:
+            if self._control_pool is None or self._tls is None:
+                raise RuntimeError("SGLangClient used outside 'async with'")
+            limits = httpx.Limits(
+                max_connections=self._pool_size, max_keepalive_connections=self._pool_size
+            )
+            headers = {**self._headers, "Content-Type": "application/json"}
+            shard = self._shards[url] = _Shard(
+                [
+                    httpx.AsyncClient(
+                        limits=limits, timeout=self._timeout, headers=headers, verify=self._tls
+                    )
+                    for _ in range(self._pool_count)
+                ]
+            )
+        return shard
 
     def pick_endpoint(self) -> Endpoint:
         healthy = [endpoint for endpoint in self.endpoints if endpoint.healthy]
         if not healthy:
             raise ServerDownError("no server is reachable", reason="server_down")
         return min(healthy, key=lambda endpoint: endpoint.in_flight)
+
+    def endpoint(self, url: str) -> Endpoint | None:
+        return next((endpoint for endpoint in self.endpoints if endpoint.url == url), None)
 
     # --- the data path ---------------------------------------------------------------------
 
@@ -209,19 +269,38 @@ class SGLangClient:
     ) -> GenerateResult:
         """One attempt at one generation. Raises an ``ItemError`` or a ``ServerError``."""
         endpoint = self.pick_endpoint()
-        pool_index = self._pick_pool()
+        try:
+            result = await self._generate(endpoint, input_ids, sampling_params, rid)
+        except RetryableItemError as exc:
+            exc.server = endpoint.url
+            raise
+        endpoint.last_ok = time.monotonic()
+        return result
+
+    async def probe(self, endpoint: Endpoint, input_ids: list[int]) -> bool:
+        """Does ``endpoint`` generate at all? One greedy token for ``input_ids``, nothing kept."""
+        try:
+            await self._generate(
+                endpoint, input_ids, {"max_new_tokens": 1, "temperature": 0.0}, new_rid()
+            )
+        except (ItemError, ServerError):
+            return False
+        endpoint.last_ok = time.monotonic()
+        return True
+
+    async def _generate(
+        self, endpoint: Endpoint, input_ids: list[int], sampling_params: dict[str, Any], rid: str
+    ) -> GenerateResult:
+        shard = self._shard(endpoint.url)
+        pool_index = shard.pick()
         body = orjson.dumps(
             {"input_ids": input_ids, "sampling_params": sampling_params, "rid": rid}
         )
         endpoint.in_flight += 1
         endpoint.requests += 1
-        self._pool_load[pool_index] += 1
+        shard.load[pool_index] += 1
         try:
-            response = await self._pools[pool_index].post(
-                endpoint.url + "/generate",
-                content=body,
-                headers={"Content-Type": "application/json"},
-            )
+            response = await shard.pools[pool_index].post(endpoint.url + "/generate", content=body)
         except httpx.ConnectError as exc:
             endpoint.healthy = False
             raise ServerDownError(f"{endpoint.url}: cannot connect ({exc})") from None
@@ -240,7 +319,7 @@ class SGLangClient:
             ) from None
         finally:
             endpoint.in_flight -= 1
-            self._pool_load[pool_index] -= 1
+            shard.load[pool_index] -= 1
         return self._parse_response(response, input_ids, rid, endpoint)
 
     def _parse_response(
@@ -256,15 +335,19 @@ class SGLangClient:
         endpoint.failures += 1
         message = _error_message(response.content)
         if status in (401, 403):
-            raise ServerError(
-                f"{endpoint.url} refused the API key (HTTP {status}); set the right key in the "
-                "environment variable named by server.api_key_env"
-            )
+            raise self._auth_error(endpoint.url, status)
         if status == 404:
             raise ServerError(f"{endpoint.url} has no /generate route; is it an SGLang server?")
         if status >= 500 or status == 429:
             raise RetryableItemError(f"HTTP {status}: {message}", reason=f"http_{status}")
         raise RejectedRequestError(f"HTTP {status}: {message}", reason=f"http_{status}")
+
+    def _auth_error(self, url: str, status: int) -> ServerError:
+        """SGLang's ``--api-key`` answers 401 on every route but /health and /metrics."""
+        return ServerError(
+            f"{url} refused the API key (HTTP {status}); set the right key in the environment "
+            f"variable named by server.api_key_env ({self._api_key_env})"
+        )
 
     # --- control calls ---------------------------------------------------------------------
 
@@ -276,9 +359,17 @@ class SGLangClient:
                 self._control.post(url + "/abort_request", json={"rid": rid}, timeout=5.0)
             )
 
+    async def _control_get(self, url: str) -> httpx.Response:
+        """GET on the control pool (30 s timeout), tried once more if a pooled keep-alive
+        connection was closed under us: that is not a dead server, and must not mark one down."""
+        try:
+            return await self._control.get(url)
+        except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError):
+            return await self._control.get(url)
+
     async def health(self, url: str) -> bool:
         try:
-            response = await self._control.get(url + "/health", timeout=30.0)
+            response = await self._control_get(url + "/health")
         except httpx.HTTPError:
             return False
         return response.status_code == 200
@@ -288,9 +379,11 @@ class SGLangClient:
         last_error = ""
         for route in ("/server_info", "/get_server_info"):
             try:
-                response = await self._control.get(url + route)
+                response = await self._control_get(url + route)
             except httpx.HTTPError as exc:
                 raise ServerUnavailableError(f"{url}: cannot read {route}: {exc!r}") from None
+            if response.status_code in (401, 403):
+                raise self._auth_error(url, response.status_code)
             if response.status_code == 200:
                 body = orjson.loads(response.content)
                 if isinstance(body, dict):
@@ -300,12 +393,57 @@ class SGLangClient:
                 last_error = f"{route} answered HTTP {response.status_code}"
         raise ServerError(f"{url}: no server facts ({last_error}); is it an SGLang server?")
 
+    async def router_workers(self, url: str) -> list[str] | None:
+        """The workers behind an sglang-router at ``url``; None when ``url`` is no router.
+
+        sglang-router 0.3 answers ``GET /workers`` with ``{"workers": [{"url", "is_healthy",
+        ...}]}``, older ones ``GET /list_workers`` with ``{"urls": [...]}``; an SGLang server has
+        neither route (404). Workers the router itself marks unhealthy get no traffic from it and
+        are left out.
+        """
+        for route, key in (("/workers", "workers"), ("/list_workers", "urls")):
+            try:
+                response = await self._control_get(url + route)
+            except httpx.HTTPError as exc:
+                raise ServerUnavailableError(f"{url}: cannot read {route}: {exc!r}") from None
+            if response.status_code in (401, 403):
+                raise self._auth_error(url, response.status_code)
+            if response.status_code != 200:
+                continue
+            try:
+                body = orjson.loads(response.content)
+            except orjson.JSONDecodeError:
+                continue
+            entries = body.get(key) if isinstance(body, dict) else None
+            if not isinstance(entries, list):
+                continue
+            urls = []
+            for entry in entries:
+                if isinstance(entry, str):
+                    urls.append(entry.rstrip("/"))
+                elif (
+                    isinstance(entry, dict)
+                    and isinstance(entry.get("url"), str)
+                    and entry.get("is_healthy") is not False
+                ):
+                    urls.append(entry["url"].rstrip("/"))
+            return urls
+        return None
+
     async def revive(self, on_reconnect: ReconnectCheck) -> list[str]:
-        """Probe servers marked down; bring back those that answer and pass ``on_reconnect``."""
+        """Probe servers marked down; bring back those that answer and pass ``on_reconnect``.
+
+        A server that answers ``/health`` but not the check (still starting, gone again) stays
+        down until a later probe; a check that *refuses* the server (``ServerRefusedError``)
+        propagates: that is fatal.
+        """
         revived = []
         for endpoint in self.endpoints:
             if not endpoint.healthy and await self.health(endpoint.url):
-                await on_reconnect(endpoint.url)
+                try:
+                    await on_reconnect(endpoint.url)
+                except ServerUnavailableError:
+                    continue
                 endpoint.healthy = True
                 revived.append(endpoint.url)
         return revived
@@ -321,11 +459,16 @@ class SGLangClient:
         async with self._recovering:
             if any(endpoint.healthy for endpoint in self.endpoints):
                 return
+            await self.revive(on_reconnect)
+            if any(endpoint.healthy for endpoint in self.endpoints):
+                return  # back at once: say nothing
             urls = ", ".join(endpoint.url for endpoint in self.endpoints)
             on_wait(f"no server reachable ({urls}); waiting up to {deadline_s:.0f}s")
             give_up = time.monotonic() + deadline_s
             while True:
-                if await self.revive(on_reconnect):
+                await self.revive(on_reconnect)
+                # Another task (the guard's loop) may have revived it: healthy is what counts.
+                if any(endpoint.healthy for endpoint in self.endpoints):
                     on_wait("server back; resuming")
                     return
                 if time.monotonic() >= give_up:

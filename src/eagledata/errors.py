@@ -115,3 +115,5 @@ class RetryableItemError(ItemError):
     """A transient failure of one attempt: connect error, reset, 5xx, 503, timeout, 200+abort."""
 
     reason = "transient"
+    server: str | None = None
+    """The server the attempt went to (set by the client): was it the item, or the server?"""

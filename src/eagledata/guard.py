@@ -5,6 +5,10 @@ The server's facts are checked before the first request, every ``guard_interval_
 server *S* is held until a check of *S* that *started* after *t* has passed: a server swapped for
 an fp8 one between two checks cannot slip a record in. A failing check drops every held result
 (they are generated again on resume, against a good server) and stops the run.
+
+A server that goes down takes its held results with it: no later check can vouch for the process
+that produced them (the one answering after a restart may be another). They are handed back
+through ``requeue`` and generated again, on whichever server is up.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from typing import Generic, TypeVar
 import orjson
 
 from eagledata.client import SGLangClient
-from eagledata.errors import ServerRefusedError
+from eagledata.errors import ServerRefusedError, ServerUnavailableError
 from eagledata.serverfacts import GuardVerdict, ServerFacts, evaluate_kv_guard
 from eagledata.writer import Journal
 
@@ -45,6 +49,7 @@ class KVGuard(Generic[T]):
         interval_s: float,
         max_held: int,
         release: Callable[[T], None],
+        requeue: Callable[[T], None] | None = None,
         check_log: Journal | None = None,
     ) -> None:
         self.client = client
@@ -53,10 +58,12 @@ class KVGuard(Generic[T]):
         self.interval_s = interval_s
         self.max_held = max_held
         self.release = release
+        self.requeue = requeue
         self.check_log = check_log
         self.facts: dict[str, ServerFacts] = {}
         self.checks = 0
         self.dropped = 0
+        self.requeued = 0
         self._held: list[Held[T]] = []
         self._wake = asyncio.Event()
 
@@ -65,7 +72,34 @@ class KVGuard(Generic[T]):
         return len(self._held)
 
     async def check(self, url: str) -> ServerFacts:
-        """Read and judge one server's facts. Raises ``ServerRefusedError`` on a failing verdict."""
+        """Read and judge one server's facts. Raises ``ServerRefusedError`` on a failing verdict.
+
+        Behind an sglang-router, ``/get_server_info`` describes the router, not a worker (0.3.x),
+        or one worker picked by the router (older): either way not every KV cache that may serve
+        a request. So a router is checked through its workers, each read directly, and passes
+        only if every worker it routes to passes; a worker that cannot be read makes the router
+        unavailable (no traffic, results held) until it can, never unchecked.
+        """
+        workers = await self.client.router_workers(url)
+        if workers is None:
+            return await self._check_one(url)
+        if not workers:
+            raise ServerUnavailableError(f"{url}: the router lists no healthy worker")
+        checked = []
+        for worker in workers:
+            try:
+                checked.append(await self._check_one(worker, via=url))
+            except ServerUnavailableError as exc:
+                raise ServerUnavailableError(
+                    f"{url}: cannot check worker {worker} behind the router ({exc}); the bf16 "
+                    "guard reads every worker's /server_info, so they must be reachable from here"
+                ) from None
+        # The prompt length limit must suit whichever worker the router picks.
+        facts = min(checked, key=lambda f: f.max_req_input_len or f.context_length or 1 << 62)
+        self.facts[url] = facts
+        return facts
+
+    async def _check_one(self, url: str, via: str | None = None) -> ServerFacts:
         info = await self.client.server_info(url)
         facts = ServerFacts.from_server_info(info)
         verdict = evaluate_kv_guard(
@@ -73,22 +107,26 @@ class KVGuard(Generic[T]):
             expected_model=self.expected_model,
             bf16_bytes_per_token=self.bf16_bytes_per_token,
         )
-        self._log(url, facts, verdict)
+        self._log(url, facts, verdict, via)
         self.checks += 1
         if not verdict.ok:
-            raise ServerRefusedError(f"{url} refused: {'; '.join(verdict.problems)}")
+            where = url if via is None else f"{url} (behind the router {via})"
+            raise ServerRefusedError(f"{where} refused: {'; '.join(verdict.problems)}")
         if self.expected_model is None:
             # Pin the model seen first: a later swap to another model is refused like fp8 is.
             self.expected_model = facts.model_path
         self.facts[url] = facts
         return facts
 
-    def _log(self, url: str, facts: ServerFacts, verdict: GuardVerdict) -> None:
+    def _log(
+        self, url: str, facts: ServerFacts, verdict: GuardVerdict, via: str | None = None
+    ) -> None:
         if self.check_log is None:
             return
         entry = {
             "time": time.time(),
             "server": url,
+            "via": via,
             "ok": verdict.ok,
             "problems": verdict.problems,
             "model_path": facts.model_path,
@@ -105,13 +143,23 @@ class KVGuard(Generic[T]):
             self._wake.set()
 
     async def check_and_release(self) -> None:
-        """One round: check every healthy server, release what completed before its check."""
+        """One round: check every healthy server, release what completed before its check.
+
+        A server that cannot be read now is marked down, not fatal: its results stay held, the
+        scheduler's work goes to the others (or waits for it), and it is checked again when it
+        answers ``/health`` (``SGLangClient.revive``).
+        """
         for endpoint in self.client.endpoints:
             if not endpoint.healthy:
+                self._give_back(endpoint.url)
                 continue
             started = time.monotonic()
             try:
                 await self.check(endpoint.url)
+            except ServerUnavailableError:
+                endpoint.healthy = False
+                self._give_back(endpoint.url)
+                continue
             except ServerRefusedError:
                 self.dropped += len(self._held)
                 self._held.clear()
@@ -136,19 +184,34 @@ class KVGuard(Generic[T]):
             await self.client.revive(self.check_reconnected)
             await self.check_and_release()
 
+    def _give_back(self, server: str | None = None) -> None:
+        """Hand the results held from ``server`` (from every server if None) to ``requeue``."""
+        keep: list[Held[T]] = []
+        for held in self._held:
+            if server is None or held.server == server:
+                if self.requeue is None:
+                    self.dropped += 1
+                else:
+                    self.requeued += 1
+                    self.requeue(held.payload)
+            else:
+                keep.append(held)
+        self._held = keep
+
     async def check_reconnected(self, url: str) -> None:
+        """Check a server that was down; what it produced before going down is given back."""
+        self._give_back(url)
         await self.check(url)
 
     async def flush(self) -> None:
         """Final rounds at the end of a run: everything still held is checked and released.
 
-        Results of a server that is down by now cannot be vouched for: they are dropped, not
-        failed, and ``resume`` generates them again.
+        Results of a server that is down by now cannot be vouched for: they are given back
+        (``requeue``), or without one dropped, not failed, and ``resume`` generates them again.
         """
         for _ in range(3):
             if not self._held:
                 return
             await asyncio.sleep(0.001)  # let the monotonic clock pass the last completion
             await self.check_and_release()
-        self.dropped += len(self._held)
-        self._held.clear()
+        self._give_back()

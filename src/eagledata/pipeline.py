@@ -76,6 +76,11 @@ def frozen_settings(config: AppConfig, dataset: ResolvedDataset) -> FrozenSettin
     )
 
 
+async def _iterate(items: list[WorkItem]) -> AsyncIterator[WorkItem]:
+    for item in items:
+        yield item
+
+
 def default_out_dir(dataset: ResolvedDataset) -> Path:
     return Path("runs") / dataset.name
 
@@ -146,7 +151,9 @@ class Run:
                             reason="duplicate_id",
                             attempts=0,
                             status="skipped",
-                            message=f"row {row.index} repeats the id {row.row_id!r} of an earlier row",
+                            message=(
+                                f"row {row.index} repeats the id {row.row_id!r} of an earlier row"
+                            ),
                         )
                     )
                 continue
@@ -203,6 +210,7 @@ class Run:
         # --enable-deterministic-inference; other servers ignore it.
         params = {**self.sampling_params, "sampling_seed": item.sample}
         attempts = 0
+        first_failure: float | None = None
         while True:
             try:
                 result = await client.generate(item.input_ids, params, new_rid())
@@ -213,7 +221,12 @@ class Run:
                 continue
             except RetryableItemError as exc:
                 attempts += 1
+                first_failure = first_failure or time.monotonic()
                 if attempts < self.policy.max_attempts:
+                    await asyncio.sleep(self.policy.delay(attempts))
+                    continue
+                if await self._server_at_fault(client, exc, first_failure, item):
+                    attempts -= 1  # not the item's attempt: try again once the server works
                     await asyncio.sleep(self.policy.delay(attempts))
                     continue
                 self._fail(item, exc, attempts, failures, progress)
@@ -223,6 +236,32 @@ class Run:
                 return
             guard.hold((item, result), result.server, result.completed_at)
             return
+
+    async def _server_at_fault(
+        self, client: SGLangClient, exc: RetryableItemError, first_failure: float, item: WorkItem
+    ) -> bool:
+        """At the attempt cap: did this item fail, or is its server failing every request?
+
+        An item goes to the failure file (for good: resume does not retry it) only when its
+        server works: it has served another request since the item first failed, or it serves a
+        one-token probe now. A server that does neither is down whatever its ``/health`` says
+        (an sglang-router whose workers are gone or restarting answers 500/503 to everything and
+        200 to ``/health``): it is marked down, so its work goes to the other servers or waits
+        for it, and past ``server.down_deadline_s`` without one success the run stops, resumable.
+        """
+        endpoint = client.endpoint(exc.server) if exc.server else None
+        if endpoint is None or endpoint.last_ok > first_failure:
+            return False
+        if await client.probe(endpoint, item.input_ids[:1]):
+            return False
+        deadline = self.config.server.down_deadline_s
+        if time.monotonic() - endpoint.last_ok > deadline:
+            raise ServerUnavailableError(
+                f"{endpoint.url} has failed every request for {deadline:g}s (last: {exc}); "
+                "the run is saved: fix the server and run 'eagledata resume RUN_DIR'"
+            )
+        endpoint.healthy = False
+        return True
 
     def _fail(
         self,
@@ -261,11 +300,9 @@ class Run:
         rows = count_rows(self.dataset.settings, config.run.limit)
         estimate = rows * samples if rows is not None else None
         planned_before = self.run_dir.planned() if self.run_dir.exists() else None
-        progress = Progress(
-            total=planned_before or estimate,
-            initial=len(totals.done_ids),
-            enabled=self.show_progress,
-        )
+        # The live bar starts once the servers have passed: a run that cannot start says so in
+        # one line on stderr, without a bar drawn above it.
+        progress = Progress(total=None, initial=0, enabled=False)
         api_key = SGLangClient.api_key_from_env(config.server.api_key_env)
         client = SGLangClient(
             config.server.urls,
@@ -274,6 +311,7 @@ class Run:
             connect_timeout_s=config.server.connect_timeout_s,
             request_timeout_s=config.server.request_timeout_s,
             api_key=api_key,
+            api_key_env=config.server.api_key_env,
         )
 
         def release(payload: tuple[WorkItem, Any]) -> None:
@@ -298,6 +336,8 @@ class Run:
             )
 
         scheduler: Scheduler[WorkItem] = Scheduler(config.run.concurrency)
+        # Results the guard gives back (their server went down before a check vouched for them).
+        redo: list[WorkItem] = []
         try:
             async with client:
                 guard: KVGuard[tuple[WorkItem, Any]] = KVGuard(
@@ -307,28 +347,45 @@ class Run:
                     interval_s=config.server.guard_interval_s,
                     max_held=config.server.guard_max_held,
                     release=release,
+                    requeue=lambda payload: redo.append(payload[0]),
                     check_log=check_log,
                 )
                 limit = await self._first_contact(client, guard)
+                progress.close()
+                progress = Progress(
+                    total=planned_before or estimate,
+                    initial=len(totals.done_ids),
+                    enabled=self.show_progress,
+                )
                 if not self.run_dir.exists():
                     self.run_dir.create(self.frozen, self._manifest_extra(guard, estimate))
                 plan = self._plan(tokenizer, limit, totals.done_ids)
+                source: AsyncIterator[WorkItem] = self._source(plan, failures, progress)
                 with self._signals(scheduler, progress):
-                    try:
-                        async with asyncio.TaskGroup() as group:
-                            guard_task = group.create_task(guard.run())
-                            try:
-                                await scheduler.run(
-                                    self._source(plan, failures, progress),
-                                    lambda item: self._handle(
-                                        item, client, guard, failures, progress
-                                    ),
-                                )
-                            finally:
-                                guard_task.cancel()
-                    except BaseExceptionGroup as group_error:
-                        raise first_fatal(group_error) from None
-                    await guard.flush()
+                    while True:
+                        try:
+                            async with asyncio.TaskGroup() as group:
+                                guard_task = group.create_task(guard.run())
+                                try:
+                                    await scheduler.run(
+                                        source,
+                                        lambda item: self._handle(
+                                            item, client, guard, failures, progress
+                                        ),
+                                    )
+                                finally:
+                                    guard_task.cancel()
+                        except BaseExceptionGroup as group_error:
+                            raise first_fatal(group_error) from None
+                        await guard.flush()
+                        if scheduler.stopping or not redo:
+                            break
+                        progress.note(
+                            f"generating {len(redo)} results again: their server went down "
+                            "before a check could vouch for them"
+                        )
+                        source = _iterate(list(redo))
+                        redo.clear()
         except asyncio.CancelledError:
             self.interrupted = "interrupted twice: in-flight requests abandoned"
         finally:
