@@ -87,19 +87,23 @@ def _iter_jsonl(path: Path) -> Iterator[tuple[dict[str, Any] | None, str | None]
     except OSError as exc:
         raise DatasetError(f"cannot read dataset file {path}: {exc.strerror}") from None
     with handle:
-        for line_no, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                value = orjson.loads(line)
-            except orjson.JSONDecodeError as exc:
-                problem = "invalid UTF-8" if "utf-8" in str(exc).lower() else "malformed JSON"
-                yield None, f"line {line_no}: {problem}: {exc}"
-                continue
-            if not isinstance(value, dict):
-                yield None, f"line {line_no}: expected a JSON object, got {type(value).__name__}"
-                continue
-            yield value, None
+        try:
+            for line_no, line in enumerate(handle, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    value = orjson.loads(line)
+                except orjson.JSONDecodeError as exc:
+                    problem = "invalid UTF-8" if "utf-8" in str(exc).lower() else "malformed JSON"
+                    yield None, f"line {line_no}: {problem}: {exc}"
+                    continue
+                if not isinstance(value, dict):
+                    kind = type(value).__name__
+                    yield None, f"line {line_no}: expected a JSON object, got {kind}"
+                    continue
+                yield value, None
+        except OSError as exc:  # EIO, a directory, a file pulled from under us
+            raise DatasetError(f"cannot read dataset file {path}: {exc.strerror}") from None
 
 
 def _iter_with_datasets(settings: DatasetSettings) -> Iterator[tuple[dict[str, Any] | None, None]]:
@@ -151,13 +155,16 @@ def count_rows(settings: DatasetSettings, limit: int | None = None) -> int | Non
     """A cheap row count for the progress bar, where one is cheap; None otherwise."""
     source = Path(resolve_bundled(settings.source)).expanduser()
     total: int | None = None
-    if source.suffix == ".jsonl" and source.is_file():
-        with source.open("rb") as handle:
-            total = sum(1 for line in handle if line.strip())
-    elif source.suffix == ".parquet" and source.is_file():
-        import pyarrow.parquet as pq
+    try:
+        if source.suffix == ".jsonl" and source.is_file():
+            with source.open("rb") as handle:
+                total = sum(1 for line in handle if line.strip())
+        elif source.suffix == ".parquet" and source.is_file():
+            import pyarrow.parquet as pq
 
-        total = pq.ParquetFile(source).metadata.num_rows
+            total = pq.ParquetFile(source).metadata.num_rows
+    except Exception:  # OSError, pyarrow's ArrowInvalid: reading the rows reports it properly
+        total = None
     if total is None:
         return limit
     return min(total, limit) if limit is not None else total

@@ -72,6 +72,15 @@ class RunTotals:
     # (completion time, completion tokens) of records, for the recent rate in ``status``
     recent: list[tuple[float, int]] = field(default_factory=list)
     failure_reasons: dict[str, int] = field(default_factory=dict)
+    # Quality, not speed: an answer cut at max_new_tokens teaches a drafter to never stop.
+    finish_reasons: dict[str, int] = field(default_factory=dict)
+    output_lengths: list[int] = field(default_factory=list)
+
+    def output_length_percentile(self, fraction: float) -> int | None:
+        if not self.output_lengths:
+            return None
+        ordered = sorted(self.output_lengths)
+        return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
 
 
 def record_files(run_dir: Path) -> list[Path]:
@@ -95,6 +104,9 @@ def scan_totals(run_dir: Path, recent_window_s: float = 600.0) -> RunTotals:
             totals.written += 1
             totals.prompt_tokens += record["prompt_tokens"]
             totals.completion_tokens += record["completion_tokens"]
+            totals.output_lengths.append(record["completion_tokens"])
+            finish = record.get("finish_reason", "?")
+            totals.finish_reasons[finish] = totals.finish_reasons.get(finish, 0) + 1
             created = record.get("created_at", 0.0)
             if created >= horizon:
                 totals.recent.append((created, record["completion_tokens"]))

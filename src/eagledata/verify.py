@@ -48,9 +48,12 @@ def _check_record(record: object, where: str, report: VerifyReport) -> str | Non
         report.add(
             f"{where}: completion_tokens {record['completion_tokens']} != {len(output_ids)} ids"
         )
-    elif record["finish_reason"] == "stop" and isinstance(record.get("matched_token_id"), int):
-        if not output_ids or output_ids[-1] != record["matched_token_id"]:
-            report.add(f"{where}: finish 'stop' but the matched token is not the last output id")
+    elif (
+        record["finish_reason"] == "stop"
+        and isinstance(record.get("matched_token_id"), int)
+        and (not output_ids or output_ids[-1] != record["matched_token_id"])
+    ):
+        report.add(f"{where}: finish 'stop' but the matched token is not the last output id")
     if record["finish_reason"] not in ("stop", "length"):
         report.add(f"{where}: finish_reason {record['finish_reason']!r} is not stop or length")
     item_id = record["id"]

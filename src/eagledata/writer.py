@@ -15,6 +15,7 @@ Commit protocol (invariant 3):
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import re
@@ -116,10 +117,9 @@ class Journal:
             self.sync()
 
     def _truncate_to(self, size: int) -> None:
-        try:
+        # on failure, the torn tail is cut again when the journal is reopened
+        with contextlib.suppress(OSError):
             os.ftruncate(self._fd, size)
-        except OSError:
-            pass  # the torn tail is cut again when the journal is reopened
 
     def sync(self) -> None:
         if self._dirty:
