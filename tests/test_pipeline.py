@@ -62,6 +62,9 @@ def test_records_are_token_faithful_for_each_schema(
             assert record["output_ids"][-1] == record["matched_token_id"]
         assert record["id"] == f"{sample.split('.')[0]}/{record['row_id']}/0"
     assert verify_run(out).ok
+    # The quality line counts answers cut at max_new_tokens: weak data for a drafter.
+    cut = sum(record["finish_reason"] == "length" for record in records)
+    assert f"length {cut:,} ({cut / len(records):.1%}): cut at max_new_tokens" in summary.quality
 
 
 def test_multi_turn_rows_keep_context_up_to_the_last_user_turn(

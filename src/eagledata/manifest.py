@@ -76,6 +76,21 @@ class RunTotals:
     finish_reasons: dict[str, int] = field(default_factory=dict)
     output_lengths: list[int] = field(default_factory=list)
 
+    def quality_line(self) -> str:
+        """Finish reasons and answer lengths: the numbers that say whether data is usable."""
+        if not self.written:
+            return "no records yet"
+        parts = []
+        for reason, count in sorted(self.finish_reasons.items(), key=lambda kv: -kv[1]):
+            share = f"{count:,} ({count / self.written:.1%})"
+            parts.append(
+                f"{reason} {share}" + (": cut at max_new_tokens" if reason == "length" else "")
+            )
+        p50 = self.output_length_percentile(0.5)
+        p90 = self.output_length_percentile(0.9)
+        longest = max(self.output_lengths)
+        return f"{', '.join(parts)}; output tokens p50 {p50:,}, p90 {p90:,}, max {longest:,}"
+
     def output_length_percentile(self, fraction: float) -> int | None:
         if not self.output_lengths:
             return None

@@ -483,6 +483,7 @@ class Run:
             session_failures=self.counts.failures,
             session_tokens=self.counts.tokens,
             elapsed_s=time.monotonic() - started,
+            quality=totals.quality_line(),
             interrupted=self.interrupted,
         )
 

@@ -93,6 +93,7 @@ class Summary:
     session_failures: int
     session_tokens: int
     elapsed_s: float
+    quality: str = ""
     interrupted: str | None = None
 
     @property
@@ -109,6 +110,8 @@ class Summary:
             f"{self.session_tokens:,} output tokens in {self.elapsed_s:,.1f}s "
             f"({self.tok_per_s:,.1f} tok/s)",
         ]
+        if self.quality:
+            lines.append(f"quality: {self.quality}")
         if self.interrupted:
             lines.append(
                 f"stopped early: {self.interrupted}; continue with "

@@ -136,6 +136,7 @@ class StatusReport:
     recent_tok_per_s: float
     recent_rec_per_s: float
     failure_reasons: dict[str, int]
+    quality: str
 
     @property
     def left(self) -> int | None:
@@ -163,6 +164,7 @@ class StatusReport:
             f"skipped:  {self.skipped:,}",
             f"left:     {left}",
             f"tokens:   {self.prompt_tokens:,} prompt, {self.completion_tokens:,} output",
+            f"quality:  {self.quality}",
             f"rate:     {self.recent_tok_per_s:,.1f} output tok/s, "
             f"{self.recent_rec_per_s * 3600:,.0f} records/h (last 10 min)",
             f"eta:      {eta}",
@@ -201,4 +203,5 @@ def run_status(path: Path, window_s: float = 600.0) -> StatusReport:
         recent_tok_per_s=tokens / span if totals.recent else 0.0,
         recent_rec_per_s=len(totals.recent) / span if totals.recent else 0.0,
         failure_reasons=totals.failure_reasons,
+        quality=totals.quality_line(),
     )
