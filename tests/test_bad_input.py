@@ -213,7 +213,7 @@ BAD_VALUES = [
         "[generation]\ntemperature = -1",
         "generation.temperature: Input should be greater than or equal to 0",
     ),
-    ("[generation]\ntop_k = 0", "generation.top_k: Value error, top_k must be -1 (all) or >= 1"),
+    ("[generation]\ntop_k = 0", "generation.top_k: top_k must be -1 (all) or >= 1"),
     ("[run]\nconcurrency = 0", "run.concurrency: Input should be greater than or equal to 1"),
     (
         '[run]\nshard_size = "big"',
@@ -221,7 +221,7 @@ BAD_VALUES = [
     ),
     (
         '[server]\nurls = ["localhost:30000"]',
-        "server.urls: Value error, 'localhost:30000' is not "
+        "server.urls: 'localhost:30000' is not "
         "an http(s) URL, e.g. http://127.0.0.1:30000",
     ),
     (

@@ -283,7 +283,7 @@ def test_changed_settings_are_refused_naming_the_keys(
     assert result.stderr == (
         f"eagledata: error: {finished_run} was started with other settings "
         "(generation.max_new_tokens, generation.samples_per_prompt); resume it with "
-        "'eagledata resume RUN_DIR' or pass a new --out\n"
+        f"'eagledata resume {finished_run}' or pass a new --out\n"
     )
 
 

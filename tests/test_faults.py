@@ -182,7 +182,7 @@ def test_a_server_failing_every_request_is_down_not_a_reason_to_fail_items(
         run(config)
     message = str(caught.value)
     assert message.startswith(f"{sim.url} has failed every request for 0.5s (last: ")
-    assert message.endswith("the run is saved: fix the server and run 'eagledata resume RUN_DIR'")
+    assert message.endswith(f"the run is saved: fix the server and run 'eagledata resume {out}'")
     assert read_records(out) == [] and read_failures(out) == []
     assert sim.stats()["outcomes"][RETRIED[knob][0]] >= 10 * 2
 

@@ -94,7 +94,7 @@ def test_a_full_disk_stops_the_run_clearly_and_resume_finishes_it(
     assert "\n" not in message
     assert message.startswith("cannot write to ") and target.strip("/") in message
     assert message.endswith(
-        "the disk is full; free space, then run 'eagledata resume RUN_DIR' "
+        f"the disk is full; free space, then run 'eagledata resume {out}' "
         "(committed records are intact)"
     )
     no_torn_lines(out)  # the half-written line was cut back

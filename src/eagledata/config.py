@@ -149,12 +149,16 @@ class FrozenSettings(Strict):
         return hashlib.sha256(blob).hexdigest()[:16]
 
 
-def format_validation_error(error: ValidationError, prefix: str = "") -> str:
+def format_validation_error(
+    error: ValidationError, source: str = "", flags: frozenset[str] = frozenset()
+) -> str:
+    """One ``source: key.path: message`` line per problem; keys set by a flag say so."""
     lines = []
     for item in error.errors():
         path = ".".join(str(part) for part in item["loc"])
-        where = f"{prefix}{path}" if path else prefix.rstrip(".") or "config"
-        lines.append(f"{where}: {item['msg']}")
+        where = "command line: " if path in flags else source
+        message = str(item["msg"]).removeprefix("Value error, ")
+        lines.append(f"{where}{path}: {message}" if path else f"{where}{message}")
     return "\n".join(lines)
 
 
@@ -205,7 +209,6 @@ def load_config(path: Path | None, overrides: dict[str, Any] | None = None) -> A
     try:
         return AppConfig.model_validate(raw)
     except ValidationError as exc:
-        where = f"{path}: " if path is not None else ""
-        raise ConfigError(
-            where + format_validation_error(exc).replace("\n", f"\n{where}")
-        ) from None
+        flags = frozenset(key for key, value in (overrides or {}).items() if value is not None)
+        source = f"{path}: " if path is not None else ""
+        raise ConfigError(format_validation_error(exc, source, flags)) from None

@@ -19,6 +19,12 @@ class EagledataError(Exception):
 
     exit_code = 1
 
+    def naming_run_dir(self, path: object) -> EagledataError:
+        """Put the real run directory where a message says ``RUN_DIR`` (errors raised below the
+        pipeline do not know it), so the fix can be pasted as it is."""
+        self.args = (str(self).replace("RUN_DIR", str(path)),)
+        return self
+
 
 # --- fatal to the run -----------------------------------------------------------------------
 

@@ -513,6 +513,8 @@ def _execute(config: AppConfig, dataset: ResolvedDataset, out_dir: Path, progres
         with _simulated_server(config) as live_config:
             run.config = live_config
             return asyncio.run(run.execute())
+    except EagledataError as error:
+        raise error.naming_run_dir(out_dir) from None
     finally:
         run_dir.unlock()
 

@@ -24,6 +24,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from eagledata.config import format_validation_error
 from eagledata.errors import ConfigError
 
 DEFAULT_PROFILES_DIR = Path("configs/profiles")
@@ -285,15 +286,6 @@ def _format_value(value: str | int | float | bool) -> str:
 # --- loading -------------------------------------------------------------------------------
 
 
-def _format_validation_error(error: ValidationError, where: str) -> str:
-    lines = []
-    for item in error.errors():
-        loc = ".".join(str(part) for part in item["loc"])
-        message = str(item["msg"]).removeprefix("Value error, ")
-        lines.append(f"{where}: {loc}: {message}" if loc else f"{where}: {message}")
-    return "\n".join(lines)
-
-
 def parse_profile(data: dict[str, Any], *, name: str, source: str = "") -> Profile:
     """Validate a profile's TOML table; problems become one ``ConfigError`` line each."""
     where = source or name
@@ -303,7 +295,7 @@ def parse_profile(data: dict[str, Any], *, name: str, source: str = "") -> Profi
     try:
         return Profile.model_validate({**data, "name": name, "source": source})
     except ValidationError as error:
-        raise ConfigError(_format_validation_error(error, where)) from None
+        raise ConfigError(format_validation_error(error, f"{where}: ")) from None
 
 
 def list_profiles(profiles_dir: str | Path | None = None) -> list[str]:
