@@ -374,16 +374,21 @@ class SGLangClient:
             return False
         return response.status_code == 200
 
+    async def _read_control_route(self, url: str, route: str) -> httpx.Response:
+        """GET a control route; an unreachable server and a refused key become our errors."""
+        try:
+            response = await self._control_get(url + route)
+        except httpx.HTTPError as exc:
+            raise ServerUnavailableError(f"{url}: cannot read {route}: {exc!r}") from None
+        if response.status_code in (401, 403):
+            raise self._auth_error(url, response.status_code)
+        return response
+
     async def server_info(self, url: str) -> dict[str, Any]:
         """The server's ``/server_info`` (``/get_server_info`` on older builds)."""
         last_error = ""
         for route in ("/server_info", "/get_server_info"):
-            try:
-                response = await self._control_get(url + route)
-            except httpx.HTTPError as exc:
-                raise ServerUnavailableError(f"{url}: cannot read {route}: {exc!r}") from None
-            if response.status_code in (401, 403):
-                raise self._auth_error(url, response.status_code)
+            response = await self._read_control_route(url, route)
             if response.status_code == 200:
                 body = orjson.loads(response.content)
                 if isinstance(body, dict):
@@ -402,12 +407,7 @@ class SGLangClient:
         are left out.
         """
         for route, key in (("/workers", "workers"), ("/list_workers", "urls")):
-            try:
-                response = await self._control_get(url + route)
-            except httpx.HTTPError as exc:
-                raise ServerUnavailableError(f"{url}: cannot read {route}: {exc!r}") from None
-            if response.status_code in (401, 403):
-                raise self._auth_error(url, response.status_code)
+            response = await self._read_control_route(url, route)
             if response.status_code != 200:
                 continue
             try:

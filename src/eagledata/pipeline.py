@@ -141,21 +141,8 @@ class Run:
             if not todo:
                 continue
             if duplicate:
-                for sample, item_id in todo:
-                    yield Outcome(
-                        failure_entry(
-                            item_id=item_id,
-                            dataset=name,
-                            row_id=row_id,
-                            sample=sample,
-                            reason="duplicate_id",
-                            attempts=0,
-                            status="skipped",
-                            message=(
-                                f"row {row.index} repeats the id {row.row_id!r} of an earlier row"
-                            ),
-                        )
-                    )
+                message = f"row {row.index} repeats the id {row.row_id!r} of an earlier row"
+                yield from self._outcomes(row_id, todo, "duplicate_id", message, status="skipped")
                 continue
             try:
                 if row.data is None:
@@ -164,22 +151,33 @@ class Run:
                 input_ids = tokenizer.encode(messages)
                 check_length(input_ids, limit)
             except ItemError as exc:
-                for sample, item_id in todo:
-                    yield Outcome(
-                        failure_entry(
-                            item_id=item_id,
-                            dataset=name,
-                            row_id=row_id,
-                            sample=sample,
-                            reason=exc.reason,
-                            message=str(exc),
-                            attempts=0,
-                        )
-                    )
+                yield from self._outcomes(row_id, todo, exc.reason, str(exc))
                 continue
             for sample, item_id in todo:
                 yield WorkItem(item_id, row_id, sample, messages, input_ids)
         self.counts.plan_complete = True
+
+    def _outcomes(
+        self,
+        row_id: str,
+        todo: list[tuple[int, str]],
+        reason: str,
+        message: str,
+        status: str = "failed",
+    ) -> Iterator[Outcome]:
+        """One failure-file entry per sample of a row that will not be sent."""
+        for sample, item_id in todo:
+            entry = failure_entry(
+                item_id=item_id,
+                dataset=self.dataset.name,
+                row_id=row_id,
+                sample=sample,
+                reason=reason,
+                message=message,
+                attempts=0,
+                status=status,
+            )
+            yield Outcome(entry)
 
     async def _source(
         self, plan: Iterator[WorkItem | Outcome], failures: FailureLog, progress: Progress
