@@ -102,7 +102,7 @@ class ServerSettings(Strict):
     max_attempts: int = Field(5, ge=1)
     backoff_base_s: float = Field(1.0, ge=0)
     backoff_max_s: float = Field(60.0, ge=0)
-    connections_per_pool: int = Field(32, ge=1, le=1024)
+    connections_per_pool: int = Field(8, ge=1, le=1024)
     simulated: SimulatedServerSettings = Field(default_factory=SimulatedServerSettings)
 
     @field_validator("urls")
