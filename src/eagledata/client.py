@@ -5,7 +5,8 @@
   ``ceil(in_flight / connections_per_pool)`` pools of its own, and a request goes to the least
   loaded. Per server, so that a pool never closes one server's idle connection to open another's.
 * Work goes to the healthy server with the fewest requests in flight from us.
-* Every response is checked against the token contract before it becomes a ``GenerateResult``.
+* Every response is checked against the token contract (``responses``) before it becomes a
+  ``GenerateResult``.
 * httpx exceptions are translated here, by type and status code, never by message text, into the
   error tree: ``RetryableItemError`` (try again), ``RejectedRequestError`` (the request itself is
   bad), ``ServerError`` (the run cannot go on).
@@ -19,7 +20,6 @@ import math
 import os
 import ssl
 import time
-import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,38 +36,17 @@ from eagledata.errors import (
     ServerUnavailableError,
 )
 
-RID_PREFIX = "eagledata-"
-
-
-def new_rid() -> str:
-    """A request id that is never a prefix of another: SGLang aborts every rid starting with one.
-
-    All rids have the same length (a fixed prefix and 32 hex digits), and two distinct strings of
-    equal length cannot be prefixes of each other.
-    """
-    return RID_PREFIX + uuid.uuid4().hex
+# Re-exported: callers that hold a client also name its results and request ids from here.
+from eagledata.responses import GenerateResult as GenerateResult
+from eagledata.responses import error_message
+from eagledata.responses import new_rid as new_rid
+from eagledata.responses import parse_generate_item as parse_generate_item
 
 
 class ServerDownError(RetryableItemError):
     """The server did not accept a connection. Not the item's fault: it does not use an attempt."""
 
     reason = "server_down"
-
-
-@dataclass(frozen=True, slots=True)
-class GenerateResult:
-    rid: str
-    server: str
-    output_ids: list[int]
-    text: str
-    finish_reason: str
-    matched: int | str | None
-    prompt_tokens: int
-    completion_tokens: int
-    cached_tokens: int | None
-    e2e_latency: float | None
-    weight_version: str | None
-    completed_at: float = field(default_factory=time.monotonic)
 
 
 class _Shard:
@@ -91,66 +70,6 @@ class Endpoint:
     last_ok: float = field(default_factory=time.monotonic)
     """When a generation last succeeded here (or the client started): a server that has failed
     every request since an item's first failure is down, whatever its ``/health`` says."""
-
-
-def _error_message(content: bytes) -> str:
-    """SGLang's error bodies come in three shapes (sglang-api.md §3.5); find the message."""
-    try:
-        body = orjson.loads(content)
-    except orjson.JSONDecodeError:
-        return content.decode("utf-8", "replace").strip()[:300] or "(empty body)"
-    if isinstance(body, dict):
-        error = body.get("error", body.get("message"))
-        if isinstance(error, dict):
-            error = error.get("message")
-        if error is not None:
-            return str(error)[:300]
-    return str(body)[:300]
-
-
-def parse_generate_item(item: Any, input_ids: list[int], rid: str, server: str) -> GenerateResult:
-    """Check one ``/generate`` item against the token contract (invariant 1)."""
-    if not isinstance(item, dict):
-        raise ContractViolationError(f"response is {type(item).__name__}, not an object")
-    meta = item.get("meta_info")
-    output_ids = item.get("output_ids")
-    if not isinstance(meta, dict) or not isinstance(output_ids, list):
-        raise ContractViolationError("response lacks meta_info or output_ids")
-    finish = meta.get("finish_reason")
-    kind = finish.get("type") if isinstance(finish, dict) else None
-    if kind == "abort":
-        message = finish.get("message") if isinstance(finish, dict) else None
-        raise RetryableItemError(f"server aborted the request: {message}", reason="server_abort")
-    if kind not in ("stop", "length"):
-        raise ContractViolationError(f"unknown finish_reason {finish!r}")
-    prompt_tokens = meta.get("prompt_tokens")
-    completion_tokens = meta.get("completion_tokens")
-    if prompt_tokens != len(input_ids):
-        raise ContractViolationError(
-            f"server counted {prompt_tokens} prompt tokens, {len(input_ids)} were sent"
-        )
-    if completion_tokens != len(output_ids):
-        raise ContractViolationError(
-            f"server counted {completion_tokens} completion tokens, returned {len(output_ids)} ids"
-        )
-    if not all(type(token) is int for token in output_ids):
-        raise ContractViolationError("output_ids holds a non-integer")
-    text = item.get("text")
-    cached = meta.get("cached_tokens")
-    latency = meta.get("e2e_latency")
-    return GenerateResult(
-        rid=rid,
-        server=server,
-        output_ids=output_ids,
-        text=text if isinstance(text, str) else "",
-        finish_reason=kind,
-        matched=finish.get("matched") if kind == "stop" and isinstance(finish, dict) else None,
-        prompt_tokens=prompt_tokens,
-        completion_tokens=completion_tokens,
-        cached_tokens=cached if isinstance(cached, int) else None,
-        e2e_latency=float(latency) if isinstance(latency, (int, float)) else None,
-        weight_version=meta.get("weight_version"),
-    )
 
 
 ReconnectCheck = Callable[[str], Awaitable[None]]
@@ -314,7 +233,7 @@ class SGLangClient:
                 raise ContractViolationError("response body is not JSON") from None
             return parse_generate_item(item, input_ids, rid, endpoint.url)
         endpoint.failures += 1
-        message = _error_message(response.content)
+        message = error_message(response.content)
         if status in (401, 403):
             raise self._auth_error(endpoint.url, status)
         if status == 404:

@@ -8,8 +8,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import signal
-import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -18,7 +16,7 @@ from typing import Any
 
 from eagledata.client import ServerDownError, SGLangClient, new_rid
 from eagledata.config import AppConfig, FrozenSettings, resolve_bundled
-from eagledata.dataset import ResolvedDataset, count_rows, iter_rows, resolve_dataset
+from eagledata.dataset import ResolvedDataset, count_rows, resolve_dataset
 from eagledata.errors import (
     EagledataError,
     ItemError,
@@ -29,29 +27,14 @@ from eagledata.errors import (
 from eagledata.guard import KVGuard
 from eagledata.manifest import RunDir, scan_totals
 from eagledata.progress import Progress, Summary
-from eagledata.prompts import Message, to_messages
-from eagledata.records import failure_entry, make_record, record_id
+from eagledata.records import failure_entry, make_record
 from eagledata.scheduler import RetryPolicy, Scheduler
-from eagledata.tokenization import LengthLimit, PromptTokenizer, check_length
+from eagledata.signals import first_fatal, stop_on_signals
+from eagledata.tokenization import LengthLimit, PromptTokenizer
+from eagledata.workplan import Outcome, WorkItem, WorkPlan
 from eagledata.writer import FailureLog, ShardWriter
 
 PLAN_BATCH = 64
-
-
-@dataclass(slots=True)
-class WorkItem:
-    item_id: str
-    row_id: str
-    sample: int
-    messages: list[Message]
-    input_ids: list[int]
-
-
-@dataclass(slots=True)
-class Outcome:
-    """A plan entry that ends without a request: a bad row, an over-long prompt, a duplicate."""
-
-    entry: dict[str, Any]
 
 
 @dataclass(slots=True)
@@ -59,8 +42,6 @@ class SessionCounts:
     records: int = 0
     failures: int = 0
     tokens: int = 0
-    enumerated: int = 0
-    plan_complete: bool = False
 
 
 def frozen_settings(config: AppConfig, dataset: ResolvedDataset) -> FrozenSettings:
@@ -85,24 +66,6 @@ def default_out_dir(dataset: ResolvedDataset) -> Path:
     return Path("runs") / dataset.name
 
 
-def first_fatal(group: BaseExceptionGroup[Any]) -> BaseException:
-    """The error to report from a task group: ours first, then anything else."""
-    leaves: list[BaseException] = []
-
-    def walk(error: BaseException) -> None:
-        if isinstance(error, BaseExceptionGroup):
-            for inner in error.exceptions:
-                walk(inner)
-        else:
-            leaves.append(error)
-
-    walk(group)
-    for leaf in leaves:
-        if isinstance(leaf, EagledataError):
-            return leaf
-    return leaves[0]
-
-
 class Run:
     """One session of work on a run directory."""
 
@@ -122,62 +85,6 @@ class Run:
         self.sampling_params = config.generation.sampling_params()
 
     # --- the plan (runs in a worker thread, one batch at a time) --------------------------
-
-    def _plan(
-        self, tokenizer: PromptTokenizer, limit: LengthLimit, done: set[str]
-    ) -> Iterator[WorkItem | Outcome]:
-        name = self.dataset.name
-        samples = self.config.generation.samples_per_prompt
-        seen_rows: set[str] = set()
-        for row in iter_rows(self.dataset.settings, self.config.run.limit):
-            row_id = row.row_id
-            duplicate = row_id in seen_rows
-            seen_rows.add(row_id)
-            if duplicate:
-                row_id = f"{row.row_id}@{row.index}"
-            ids = [record_id(name, row_id, sample) for sample in range(samples)]
-            self.counts.enumerated += samples
-            todo = [(sample, ids[sample]) for sample in range(samples) if ids[sample] not in done]
-            if not todo:
-                continue
-            if duplicate:
-                message = f"row {row.index} repeats the id {row.row_id!r} of an earlier row"
-                yield from self._outcomes(row_id, todo, "duplicate_id", message, status="skipped")
-                continue
-            try:
-                if row.data is None:
-                    raise ItemError(row.error or "unreadable row", reason="bad_row")
-                messages = to_messages(row.data, self.dataset.settings)
-                input_ids = tokenizer.encode(messages)
-                check_length(input_ids, limit)
-            except ItemError as exc:
-                yield from self._outcomes(row_id, todo, exc.reason, str(exc))
-                continue
-            for sample, item_id in todo:
-                yield WorkItem(item_id, row_id, sample, messages, input_ids)
-        self.counts.plan_complete = True
-
-    def _outcomes(
-        self,
-        row_id: str,
-        todo: list[tuple[int, str]],
-        reason: str,
-        message: str,
-        status: str = "failed",
-    ) -> Iterator[Outcome]:
-        """One failure-file entry per sample of a row that will not be sent."""
-        for sample, item_id in todo:
-            entry = failure_entry(
-                item_id=item_id,
-                dataset=self.dataset.name,
-                row_id=row_id,
-                sample=sample,
-                reason=reason,
-                message=message,
-                attempts=0,
-                status=status,
-            )
-            yield Outcome(entry)
 
     async def _source(
         self, plan: Iterator[WorkItem | Outcome], failures: FailureLog, progress: Progress
@@ -336,6 +243,7 @@ class Run:
         scheduler: Scheduler[WorkItem] = Scheduler(config.run.concurrency)
         # Results the guard gives back (their server went down before a check vouched for them).
         redo: list[WorkItem] = []
+        plan: WorkPlan | None = None
         try:
             async with client:
                 guard: KVGuard[tuple[WorkItem, Any]] = KVGuard(
@@ -357,9 +265,16 @@ class Run:
                 )
                 if not self.run_dir.exists():
                     self.run_dir.create(self.frozen, self._manifest_extra(guard, estimate))
-                plan = self._plan(tokenizer, limit, totals.done_ids)
+                plan = WorkPlan(
+                    self.dataset,
+                    samples_per_prompt=samples,
+                    row_limit=config.run.limit,
+                    tokenizer=tokenizer,
+                    limit=limit,
+                    done=totals.done_ids,
+                )
                 source: AsyncIterator[WorkItem] = self._source(plan, failures, progress)
-                with self._signals(scheduler, progress):
+                with stop_on_signals(scheduler, progress, self._on_stop):
                     while True:
                         try:
                             async with asyncio.TaskGroup() as group:
@@ -391,8 +306,8 @@ class Run:
             writer.close()
             failures.close()
             check_log.close()
-        if self.counts.plan_complete and not self.interrupted and not scheduler.stopping:
-            self.run_dir.set_planned(self.counts.enumerated)
+        if plan is not None and plan.complete and not self.interrupted and not scheduler.stopping:
+            self.run_dir.set_planned(plan.enumerated)
         return self._summary(started)
 
     async def _first_contact(
@@ -429,42 +344,9 @@ class Run:
             },
         }
 
-    @contextlib.contextmanager
-    def _signals(self, scheduler: Scheduler[WorkItem], progress: Progress) -> Iterator[None]:
-        loop = asyncio.get_running_loop()
-        main_task = asyncio.current_task()
-        presses = 0
-
-        def on_interrupt() -> None:
-            nonlocal presses
-            presses += 1
-            if presses == 1:
-                self.interrupted = "interrupted"
-                progress.note(
-                    f"stopping: finishing {scheduler.stats.in_flight} in-flight requests "
-                    "(Ctrl-C again to abandon them)"
-                )
-                scheduler.stop()
-            elif main_task is not None:
-                main_task.cancel()
-
-        def dump_tasks() -> None:
-            # kill -USR1 <pid>: where is every task waiting? (a multi-day run must be debuggable)
-            for task in asyncio.all_tasks(loop):
-                task.print_stack(limit=12, file=sys.stderr)
-
-        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-            loop.add_signal_handler(signal.SIGUSR1, dump_tasks)
-        installed = [signal.SIGUSR1]
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-                loop.add_signal_handler(signum, on_interrupt)
-                installed.append(signum)
-        try:
-            yield
-        finally:
-            for signum in installed:
-                loop.remove_signal_handler(signum)
+    def _on_stop(self) -> None:
+        """The first SIGINT/SIGTERM: the session ends once in-flight requests finish."""
+        self.interrupted = "interrupted"
 
     def _summary(self, started: float) -> Summary:
         totals = scan_totals(self.run_dir.path)

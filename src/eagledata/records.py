@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from eagledata.client import GenerateResult
 from eagledata.prompts import Message
+from eagledata.responses import GenerateResult
 
 REQUIRED_RECORD_KEYS = (
     "id",

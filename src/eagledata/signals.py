@@ -1,0 +1,77 @@
+"""How a session stops: on a signal, or with the first fatal error of its task group."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from eagledata.errors import EagledataError
+from eagledata.progress import Progress
+from eagledata.scheduler import Scheduler
+
+
+def first_fatal(group: BaseExceptionGroup[Any]) -> BaseException:
+    """The error to report from a task group: ours first, then anything else."""
+    leaves: list[BaseException] = []
+
+    def walk(error: BaseException) -> None:
+        if isinstance(error, BaseExceptionGroup):
+            for inner in error.exceptions:
+                walk(inner)
+        else:
+            leaves.append(error)
+
+    walk(group)
+    for leaf in leaves:
+        if isinstance(leaf, EagledataError):
+            return leaf
+    return leaves[0]
+
+
+@contextlib.contextmanager
+def stop_on_signals(
+    scheduler: Scheduler[Any], progress: Progress, on_stop: Callable[[], None]
+) -> Iterator[None]:
+    """SIGINT/SIGTERM once: ``on_stop``, then let in-flight requests finish and take no new work.
+
+    Twice: cancel the task that entered this block (in-flight requests are abandoned). SIGUSR1
+    prints every task's stack.
+    """
+    loop = asyncio.get_running_loop()
+    main_task = asyncio.current_task()
+    presses = 0
+
+    def on_interrupt() -> None:
+        nonlocal presses
+        presses += 1
+        if presses == 1:
+            on_stop()
+            progress.note(
+                f"stopping: finishing {scheduler.stats.in_flight} in-flight requests "
+                "(Ctrl-C again to abandon them)"
+            )
+            scheduler.stop()
+        elif main_task is not None:
+            main_task.cancel()
+
+    def dump_tasks() -> None:
+        # kill -USR1 <pid>: where is every task waiting? (a multi-day run must be debuggable)
+        for task in asyncio.all_tasks(loop):
+            task.print_stack(limit=12, file=sys.stderr)
+
+    with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+        loop.add_signal_handler(signal.SIGUSR1, dump_tasks)
+    installed = [signal.SIGUSR1]
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            loop.add_signal_handler(signum, on_interrupt)
+            installed.append(signum)
+    try:
+        yield
+    finally:
+        for signum in installed:
+            loop.remove_signal_handler(signum)

@@ -1,0 +1,125 @@
+"""The work plan: dataset rows turned into requests to send, or into failure-file entries.
+
+Each row becomes ``samples_per_prompt`` work items (messages and prompt token ids), minus those
+whose ids a run directory already holds. A row that cannot be sent (unreadable, no valid
+messages, a prompt over the length limit) becomes one failure-file entry per sample instead; a
+row that repeats an earlier row's id is disambiguated as ``id@index`` and skipped.
+
+The plan is a plain, blocking iterator: the pipeline pulls it in batches from a worker thread.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from eagledata.dataset import ResolvedDataset, iter_rows
+from eagledata.errors import ItemError
+from eagledata.prompts import Message, to_messages
+from eagledata.records import failure_entry, record_id
+from eagledata.tokenization import LengthLimit, PromptTokenizer, check_length
+
+
+@dataclass(slots=True)
+class WorkItem:
+    item_id: str
+    row_id: str
+    sample: int
+    messages: list[Message]
+    input_ids: list[int]
+
+
+@dataclass(slots=True)
+class Outcome:
+    """A plan entry that ends without a request: a bad row, an over-long prompt, a duplicate."""
+
+    entry: dict[str, Any]
+
+
+class WorkPlan(Iterator[WorkItem | Outcome]):
+    """The plan of one session, consumed once.
+
+    ``enumerated`` counts every sample of every row read so far, done or not; ``complete`` turns
+    true once the dataset has been read to its end (or to ``row_limit``): only then is
+    ``enumerated`` the run's planned total.
+    """
+
+    def __init__(
+        self,
+        dataset: ResolvedDataset,
+        *,
+        samples_per_prompt: int,
+        row_limit: int | None,
+        tokenizer: PromptTokenizer,
+        limit: LengthLimit,
+        done: set[str],
+    ) -> None:
+        self.dataset = dataset
+        self.samples_per_prompt = samples_per_prompt
+        self.row_limit = row_limit
+        self.tokenizer = tokenizer
+        self.limit = limit
+        self.done = done
+        self.enumerated = 0
+        self.complete = False
+        self._entries = self._plan()
+
+    def __next__(self) -> WorkItem | Outcome:
+        return next(self._entries)
+
+    def _plan(self) -> Iterator[WorkItem | Outcome]:
+        name = self.dataset.name
+        samples = self.samples_per_prompt
+        seen_rows: set[str] = set()
+        for row in iter_rows(self.dataset.settings, self.row_limit):
+            row_id = row.row_id
+            duplicate = row_id in seen_rows
+            seen_rows.add(row_id)
+            if duplicate:
+                row_id = f"{row.row_id}@{row.index}"
+            ids = [record_id(name, row_id, sample) for sample in range(samples)]
+            self.enumerated += samples
+            todo = [
+                (sample, ids[sample]) for sample in range(samples) if ids[sample] not in self.done
+            ]
+            if not todo:
+                continue
+            if duplicate:
+                message = f"row {row.index} repeats the id {row.row_id!r} of an earlier row"
+                yield from self._outcomes(row_id, todo, "duplicate_id", message, status="skipped")
+                continue
+            try:
+                if row.data is None:
+                    raise ItemError(row.error or "unreadable row", reason="bad_row")
+                messages = to_messages(row.data, self.dataset.settings)
+                input_ids = self.tokenizer.encode(messages)
+                check_length(input_ids, self.limit)
+            except ItemError as exc:
+                yield from self._outcomes(row_id, todo, exc.reason, str(exc))
+                continue
+            for sample, item_id in todo:
+                yield WorkItem(item_id, row_id, sample, messages, input_ids)
+        self.complete = True
+
+    def _outcomes(
+        self,
+        row_id: str,
+        todo: list[tuple[int, str]],
+        reason: str,
+        message: str,
+        status: str = "failed",
+    ) -> Iterator[Outcome]:
+        """One failure-file entry per sample of a row that will not be sent."""
+        for sample, item_id in todo:
+            entry = failure_entry(
+                item_id=item_id,
+                dataset=self.dataset.name,
+                row_id=row_id,
+                sample=sample,
+                reason=reason,
+                message=message,
+                attempts=0,
+                status=status,
+            )
+            yield Outcome(entry)
