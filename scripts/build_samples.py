@@ -22,16 +22,14 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
-import filecmp
 import hashlib
 import json
 import sys
-import tempfile
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from _rebuild import rebuild_main  # scripts/_rebuild.py, beside this file
 
 DEFAULT_OUT = Path(__file__).resolve().parent.parent / "src" / "eagledata" / "assets" / "samples"
 
@@ -632,24 +630,7 @@ FILES = (
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("out", nargs="?", type=Path, default=DEFAULT_OUT)
-    parser.add_argument(
-        "--check", action="store_true", help="rebuild into a temp dir and compare with OUT"
-    )
-    args = parser.parse_args(argv)
-    if not args.check:
-        write(args.out)
-        print(f"wrote {args.out}")
-        return 0
-    with tempfile.TemporaryDirectory() as tmp:
-        write(Path(tmp))
-        _, mismatch, errors = filecmp.cmpfiles(tmp, args.out, FILES, shallow=False)
-    if mismatch or errors:
-        print(f"{args.out} differs from a rebuild: {mismatch + errors}", file=sys.stderr)
-        return 1
-    print(f"{args.out} matches a rebuild")
-    return 0
+    return rebuild_main(__doc__.split("\n\n")[0], write, FILES, DEFAULT_OUT, argv)
 
 
 if __name__ == "__main__":

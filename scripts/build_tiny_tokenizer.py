@@ -17,13 +17,11 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
-import filecmp
 import json
 import sys
-import tempfile
 from pathlib import Path
 
+from _rebuild import rebuild_main  # scripts/_rebuild.py, beside this file
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 DEFAULT_OUT = (
@@ -211,24 +209,7 @@ FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("out", nargs="?", type=Path, default=DEFAULT_OUT)
-    parser.add_argument(
-        "--check", action="store_true", help="rebuild into a temp dir and compare with OUT"
-    )
-    args = parser.parse_args(argv)
-    if not args.check:
-        write(args.out)
-        print(f"wrote {args.out}")
-        return 0
-    with tempfile.TemporaryDirectory() as tmp:
-        write(Path(tmp))
-        _, mismatch, errors = filecmp.cmpfiles(tmp, args.out, FILES, shallow=False)
-    if mismatch or errors:
-        print(f"{args.out} differs from a rebuild: {mismatch + errors}", file=sys.stderr)
-        return 1
-    print(f"{args.out} matches a rebuild")
-    return 0
+    return rebuild_main(__doc__.split("\n\n")[0], write, FILES, DEFAULT_OUT, argv)
 
 
 if __name__ == "__main__":
