@@ -14,20 +14,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from eagledata.client import ServerDownError, SGLangClient, new_rid
+from eagledata.attempts import ItemSender
+from eagledata.client import SGLangClient
 from eagledata.config import AppConfig, FrozenSettings, resolve_bundled
 from eagledata.dataset import ResolvedDataset, count_rows, resolve_dataset
-from eagledata.errors import (
-    EagledataError,
-    ItemError,
-    RetryableItemError,
-    RunDirError,
-    ServerUnavailableError,
-)
+from eagledata.errors import EagledataError, RunDirError, ServerUnavailableError
 from eagledata.guard import KVGuard
 from eagledata.manifest import RunDir, scan_totals
 from eagledata.progress import Progress, Summary
-from eagledata.records import failure_entry, make_record
+from eagledata.records import make_record
 from eagledata.scheduler import RetryPolicy, Scheduler
 from eagledata.signals import first_fatal, stop_on_signals
 from eagledata.tokenization import LengthLimit, PromptTokenizer
@@ -101,94 +96,8 @@ class Run:
                 else:
                     yield entry
 
-    # --- one item ---------------------------------------------------------------------------
-
-    async def _handle(
-        self,
-        item: WorkItem,
-        client: SGLangClient,
-        guard: KVGuard[tuple[WorkItem, Any]],
-        failures: FailureLog,
-        progress: Progress,
-    ) -> None:
-        # sampling_seed makes each sample reproducible on servers started with
-        # --enable-deterministic-inference; other servers ignore it.
-        params = {**self.sampling_params, "sampling_seed": item.sample}
-        attempts = 0
-        first_failure: float | None = None
-        while True:
-            try:
-                result = await client.generate(item.input_ids, params, new_rid())
-            except ServerDownError:
-                await client.wait_until_healthy(
-                    self.config.server.down_deadline_s, guard.check_reconnected, progress.note
-                )
-                continue
-            except RetryableItemError as exc:
-                attempts += 1
-                first_failure = first_failure or time.monotonic()
-                if attempts < self.policy.max_attempts:
-                    await asyncio.sleep(self.policy.delay(attempts))
-                    continue
-                if await self._server_at_fault(client, exc, first_failure, item):
-                    attempts -= 1  # not the item's attempt: try again once the server works
-                    await asyncio.sleep(self.policy.delay(attempts))
-                    continue
-                self._fail(item, exc, attempts, failures, progress)
-                return
-            except ItemError as exc:
-                self._fail(item, exc, attempts + 1, failures, progress)
-                return
-            guard.hold((item, result), result.server, result.completed_at)
-            return
-
-    async def _server_at_fault(
-        self, client: SGLangClient, exc: RetryableItemError, first_failure: float, item: WorkItem
-    ) -> bool:
-        """At the attempt cap: did this item fail, or is its server failing every request?
-
-        An item goes to the failure file (for good: resume does not retry it) only when its
-        server works: it has served another request since the item first failed, or it serves a
-        one-token probe now. A server that does neither is down whatever its ``/health`` says
-        (an sglang-router whose workers are gone or restarting answers 500/503 to everything and
-        200 to ``/health``): it is marked down, so its work goes to the other servers or waits
-        for it, and past ``server.down_deadline_s`` without one success the run stops, resumable.
-        """
-        endpoint = client.endpoint(exc.server) if exc.server else None
-        if endpoint is None or endpoint.last_ok > first_failure:
-            return False
-        if await client.probe(endpoint, item.input_ids[:1]):
-            return False
-        deadline = self.config.server.down_deadline_s
-        if time.monotonic() - endpoint.last_ok > deadline:
-            raise ServerUnavailableError(
-                f"{endpoint.url} has failed every request for {deadline:g}s (last: {exc}); "
-                "the run is saved: fix the server and run 'eagledata resume RUN_DIR'"
-            )
-        endpoint.healthy = False
-        return True
-
-    def _fail(
-        self,
-        item: WorkItem,
-        exc: ItemError,
-        attempts: int,
-        failures: FailureLog,
-        progress: Progress,
-    ) -> None:
-        failures.write(
-            failure_entry(
-                item_id=item.item_id,
-                dataset=self.dataset.name,
-                row_id=item.row_id,
-                sample=item.sample,
-                reason=exc.reason,
-                message=str(exc),
-                attempts=attempts,
-            )
-        )
+    def _count_failure(self) -> None:
         self.counts.failures += 1
-        progress.advance()
 
     # --- the session --------------------------------------------------------------------------
 
@@ -274,18 +183,24 @@ class Run:
                     done=totals.done_ids,
                 )
                 source: AsyncIterator[WorkItem] = self._source(plan, failures, progress)
+                sender = ItemSender(
+                    client=client,
+                    guard=guard,
+                    failures=failures,
+                    progress=progress,
+                    policy=self.policy,
+                    sampling_params=self.sampling_params,
+                    down_deadline_s=config.server.down_deadline_s,
+                    dataset_name=self.dataset.name,
+                    on_failure=self._count_failure,
+                )
                 with stop_on_signals(scheduler, progress, self._on_stop):
                     while True:
                         try:
                             async with asyncio.TaskGroup() as group:
                                 guard_task = group.create_task(guard.run())
                                 try:
-                                    await scheduler.run(
-                                        source,
-                                        lambda item: self._handle(
-                                            item, client, guard, failures, progress
-                                        ),
-                                    )
+                                    await scheduler.run(source, sender.send)
                                 finally:
                                     guard_task.cancel()
                         except BaseExceptionGroup as group_error:
@@ -383,13 +298,21 @@ def _simulated_server(config: AppConfig) -> Iterator[AppConfig]:
         yield config.model_copy(update={"server": server})
 
 
-def _execute(config: AppConfig, dataset: ResolvedDataset, out_dir: Path, progress: bool) -> Summary:
+def _execute(
+    config: AppConfig,
+    dataset: ResolvedDataset,
+    out_dir: Path,
+    progress: bool,
+    retry_failed: bool = False,
+) -> Summary:
     run_dir = RunDir(out_dir)
     run_dir.lock()
     try:
         run = Run(config, dataset, run_dir, progress)
         if run_dir.exists():
             run_dir.check_frozen(run.frozen)
+            if retry_failed:
+                run_dir.requeue_failures()  # under the lock: no other process writes failures
         with _simulated_server(config) as live_config:
             run.config = live_config
             return asyncio.run(run.execute())
@@ -412,6 +335,7 @@ def resume(
     *,
     server_urls: list[str] | None = None,
     concurrency: int | None = None,
+    retry_failed: bool = False,
     progress: bool = True,
 ) -> Summary:
     run_dir = RunDir(run_path)
@@ -429,4 +353,4 @@ def resume(
         )
     frozen = run_dir.frozen()
     dataset = ResolvedDataset(frozen.dataset_name, frozen.dataset)
-    return _execute(config, dataset, run_path, progress)
+    return _execute(config, dataset, run_path, progress, retry_failed)
