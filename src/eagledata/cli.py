@@ -107,6 +107,9 @@ def resume(
     run_dir: Annotated[Path, typer.Argument(help="The run directory to continue")],
     server: ServerOpt = None,
     concurrency: Annotated[int | None, typer.Option(help="Requests in flight")] = None,
+    retry_failed: Annotated[
+        bool, typer.Option(help="Generate the items in failures.jsonl again (not the skipped)")
+    ] = False,
     progress: ProgressOpt = True,
 ) -> None:
     """Continue a run with its frozen settings; only servers and concurrency may change."""
@@ -114,7 +117,11 @@ def resume(
 
     summary = guarded(
         lambda: pipeline.resume(
-            run_dir, server_urls=server, concurrency=concurrency, progress=progress
+            run_dir,
+            server_urls=server,
+            concurrency=concurrency,
+            retry_failed=retry_failed,
+            progress=progress,
         )
     )
     _finish(summary)

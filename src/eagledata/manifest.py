@@ -30,7 +30,14 @@ import orjson
 from eagledata import __version__
 from eagledata.config import FrozenSettings
 from eagledata.errors import RunDirError
-from eagledata.writer import SHARD_PATTERN, Journal, _storage_error, iter_jsonl_lines
+from eagledata.writer import (
+    SHARD_PATTERN,
+    Journal,
+    fsync_dir,
+    iter_jsonl_lines,
+    repair_torn_tail,
+    storage_error,
+)
 
 SCHEMA_VERSION = 1
 
@@ -44,7 +51,7 @@ def write_json_atomic(path: Path, value: Any) -> None:
             os.fsync(handle.fileno())
         os.replace(tmp, path)
     except OSError as exc:
-        raise _storage_error("write", path, exc) from None
+        raise storage_error("write", path, exc) from None
 
 
 def library_versions() -> dict[str, str]:
@@ -158,7 +165,7 @@ class RunDir:
             self.path.mkdir(parents=True, exist_ok=True)
             fd = os.open(self.path / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as exc:
-            raise _storage_error("create", self.path, exc) from None
+            raise storage_error("create", self.path, exc) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -234,6 +241,36 @@ class RunDir:
 
     def set_planned(self, planned: int) -> None:
         write_json_atomic(self.path / "plan.json", {"planned": planned})
+
+    def requeue_failures(self) -> int:
+        """Forget the failed items (not the skipped ones), so this session generates them again.
+
+        The kept lines are written to a temporary file, fsynced and renamed over
+        ``failures.jsonl``: a crash leaves either the old file or the new one, never a mix.
+        Call it under the lock. Returns how many items were put back in the plan.
+        """
+        path = self.path / "failures.jsonl"
+        if not path.is_file():
+            return 0
+        try:
+            repair_torn_tail(path)
+            kept, requeued = [], 0
+            for line in iter_jsonl_lines(path):
+                if orjson.loads(line).get("status") == "skipped":
+                    kept.append(line)
+                else:
+                    requeued += 1
+            if requeued:
+                tmp = path.with_name(path.name + ".tmp")
+                with tmp.open("wb") as handle:
+                    handle.writelines(kept)
+                    handle.flush()
+                    os.fsync(handle.fileno())
+                os.replace(tmp, path)
+                fsync_dir(self.path)
+        except OSError as exc:
+            raise storage_error("rewrite", path, exc) from None
+        return requeued
 
     def check_log(self, fsync_interval_s: float) -> Journal:
         return Journal(self.path / "checks.jsonl", fsync_interval_s)

@@ -31,7 +31,7 @@ from eagledata.errors import StorageError
 SHARD_PATTERN = re.compile(r"^shard-(\d{6})\.jsonl$")
 
 
-def _storage_error(action: str, path: Path, exc: OSError) -> StorageError:
+def storage_error(action: str, path: Path, exc: OSError) -> StorageError:
     if exc.errno == errno.ENOSPC:
         hint = "the disk is full; free space, then run 'eagledata resume RUN_DIR'"
     elif exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
@@ -93,7 +93,7 @@ class Journal:
             self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
             self.size = os.fstat(self._fd).st_size
         except OSError as exc:
-            raise _storage_error("open", path, exc) from None
+            raise storage_error("open", path, exc) from None
         self.lines = 0
         self._last_sync = time.monotonic()
         self._dirty = False
@@ -106,7 +106,7 @@ class Journal:
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         except OSError as exc:
             self._truncate_to(self.size)
-            raise _storage_error("write to", self.path, exc) from None
+            raise storage_error("write to", self.path, exc) from None
         self.size += written
         self.lines += 1
         self._dirty = True
@@ -126,7 +126,7 @@ class Journal:
             try:
                 os.fsync(self._fd)
             except OSError as exc:
-                raise _storage_error("sync", self.path, exc) from None
+                raise storage_error("sync", self.path, exc) from None
             self._dirty = False
         self._last_sync = time.monotonic()
 
@@ -151,7 +151,7 @@ class ShardWriter:
             self.shards_dir.mkdir(parents=True, exist_ok=True)
             self.pending_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise _storage_error("create", self.shards_dir, exc) from None
+            raise storage_error("create", self.shards_dir, exc) from None
         self._journal: Journal | None = None
         self._next_seq = self._scan_next_seq()
 
@@ -181,7 +181,7 @@ class ShardWriter:
                 os.replace(path, self.shards_dir / name)
                 fsync_dir(self.shards_dir)
             except OSError as exc:
-                raise _storage_error("seal", path, exc) from None
+                raise storage_error("seal", path, exc) from None
             sealed += 1
         return sealed
 
@@ -207,7 +207,7 @@ class ShardWriter:
             os.replace(journal.path, target)
             fsync_dir(self.shards_dir)
         except OSError as exc:
-            raise _storage_error("seal", journal.path, exc) from None
+            raise storage_error("seal", journal.path, exc) from None
 
     def sync(self) -> None:
         if self._journal is not None:
