@@ -244,11 +244,15 @@ def test_a_dead_worker_behind_the_router_loses_nothing(
     try:
         with router([steady, doomed], tmp_path) as url:
             out = tmp_path / "run"
+            # The router keeps routing to a dead worker until its next health check (1 s here).
+            # With the tests' usual 10-50 ms backoff an unlucky item could spend all its attempts
+            # inside that second (seen once under load); the default backoff (1 s doubling, capped
+            # at 60 s) spans it many times over. A short but real backoff keeps the test honest.
             config = make_config(
                 [url],
                 out,
                 generation={"samples_per_prompt": 2, "temperature": 0.7},
-                server={"down_deadline_s": 30},
+                server={"down_deadline_s": 30, "backoff_base_s": 0.3, "backoff_max_s": 1.0},
             )
             run = Background(lambda: pipeline.generate(config, DATASET, None, progress=False))
             wait_for_records(out, 10)
