@@ -65,8 +65,6 @@ class Endpoint:
     url: str
     healthy: bool = True
     in_flight: int = 0
-    requests: int = 0
-    failures: int = 0
     last_ok: float = field(default_factory=time.monotonic)
     """When a generation last succeeded here (or the client started): a server that has failed
     every request since an item's first failure is down, whatever its ``/health`` says."""
@@ -197,7 +195,6 @@ class SGLangClient:
             {"input_ids": input_ids, "sampling_params": sampling_params, "rid": rid}
         )
         endpoint.in_flight += 1
-        endpoint.requests += 1
         shard.load[pool_index] += 1
         try:
             response = await shard.pools[pool_index].post(endpoint.url + "/generate", content=body)
@@ -213,7 +210,6 @@ class SGLangClient:
             await self.abort(endpoint.url, rid)
             raise
         except httpx.TransportError as exc:  # reset, remote protocol error, read error
-            endpoint.failures += 1
             raise RetryableItemError(
                 f"{endpoint.url}: connection lost ({type(exc).__name__})", reason="connection_lost"
             ) from None
@@ -232,7 +228,6 @@ class SGLangClient:
             except orjson.JSONDecodeError:
                 raise ContractViolationError("response body is not JSON") from None
             return parse_generate_item(item, input_ids, rid, endpoint.url)
-        endpoint.failures += 1
         message = error_message(response.content)
         if status in (401, 403):
             raise self._auth_error(endpoint.url, status)

@@ -61,9 +61,6 @@ class KVGuard(Generic[T]):
         self.requeue = requeue
         self.check_log = check_log
         self.facts: dict[str, ServerFacts] = {}
-        self.checks = 0
-        self.dropped = 0
-        self.requeued = 0
         self._held: list[Held[T]] = []
         self._wake = asyncio.Event()
 
@@ -108,7 +105,6 @@ class KVGuard(Generic[T]):
             bf16_bytes_per_token=self.bf16_bytes_per_token,
         )
         self._log(url, facts, verdict, via)
-        self.checks += 1
         if not verdict.ok:
             where = url if via is None else f"{url} (behind the router {via})"
             raise ServerRefusedError(f"{where} refused: {'; '.join(verdict.problems)}")
@@ -161,7 +157,6 @@ class KVGuard(Generic[T]):
                 self._give_back(endpoint.url)
                 continue
             except ServerRefusedError:
-                self.dropped += len(self._held)
                 self._held.clear()
                 raise
             keep: list[Held[T]] = []
@@ -189,10 +184,7 @@ class KVGuard(Generic[T]):
         keep: list[Held[T]] = []
         for held in self._held:
             if server is None or held.server == server:
-                if self.requeue is None:
-                    self.dropped += 1
-                else:
-                    self.requeued += 1
+                if self.requeue is not None:  # without one, dropped: resume generates it again
                     self.requeue(held.payload)
             else:
                 keep.append(held)

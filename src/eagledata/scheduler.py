@@ -37,8 +37,6 @@ class RetryPolicy:
 class SchedulerStats:
     started_at: float = field(default_factory=time.monotonic)
     in_flight: int = 0
-    handled: int = 0
-    produced: int = 0
 
 
 class Scheduler(Generic[T]):
@@ -74,7 +72,6 @@ class Scheduler(Generic[T]):
             if self._stopping:
                 return
             await self._queue.put(item)
-            self.stats.produced += 1
         # Only on a clean end: after an error or a cancel the workers are being cancelled too,
         # and a put into a full queue nobody reads would hang the task group for ever.
         if not self._stopping:
@@ -91,4 +88,3 @@ class Scheduler(Generic[T]):
                 await handle(item)
             finally:
                 self.stats.in_flight -= 1
-                self.stats.handled += 1

@@ -68,15 +68,6 @@ class PromptTokenizer:
                 f"tokenizer {settings.name!r} has no chat template; use the model's own tokenizer"
             )
 
-    @property
-    def eos_token_id(self) -> int | None:
-        value = self._tokenizer.eos_token_id
-        return int(value) if value is not None else None
-
-    @property
-    def vocab_size(self) -> int:
-        return len(self._tokenizer)
-
     def encode(self, messages: list[Message]) -> list[int]:
         kwargs: dict[str, Any] = dict(self.settings.chat_template_kwargs)
         try:
@@ -88,9 +79,6 @@ class PromptTokenizer:
         if ids and isinstance(ids[0], list):  # some versions wrap a single conversation
             ids = ids[0]
         return [int(token) for token in ids]  # type: ignore[arg-type]
-
-    def decode(self, ids: list[int]) -> str:
-        return str(self._tokenizer.decode(ids, skip_special_tokens=False))
 
 
 def check_length(input_ids: list[int], limit: LengthLimit) -> None:
