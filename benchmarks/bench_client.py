@@ -46,9 +46,9 @@ import aiohttp
 import httpx
 import orjson
 
-from eagledata.client import SGLangClient, new_rid, parse_generate_item
+from eagledata.server.client import SGLangClient, new_rid, parse_generate_item
 from eagledata.errors import EagledataError
-from eagledata.scheduler import Scheduler
+from eagledata.run.scheduler import Scheduler
 from eagledata.simserver import SimConfig
 
 RESULTS = Path(__file__).resolve().parent / "results" / "client.json"

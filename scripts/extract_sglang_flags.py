@@ -19,7 +19,7 @@ import sys
 import zipfile
 from pathlib import Path
 
-from eagledata.sglang_flags import contract_path, extract_contract
+from eagledata.server.sglang_flags import contract_path, extract_contract
 
 SERVER_ARGS = "sglang/srt/server_args.py"
 MIN_FLAGS = 100  # every supported release (0.5.9 .. 0.5.15.post1) has 300+

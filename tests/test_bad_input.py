@@ -15,11 +15,11 @@ import orjson
 import pytest
 
 from conftest import SAMPLES, TOKENIZER, make_config, read_failures, read_records, sim_config
-from eagledata import pipeline
 from eagledata.config import load_config
 from eagledata.errors import ConfigError, DatasetError
+from eagledata.run import pipeline
+from eagledata.run.verify import verify_run
 from eagledata.simserver import SimServerThread
-from eagledata.verify import verify_run
 
 # bad_rows.jsonl (see its README): source line -> (failure row id, reason, message fragment)
 BAD_ROWS = {

@@ -11,7 +11,7 @@ import orjson
 import pytest
 
 from conftest import SAMPLES, TOKENIZER, eagledata_cmd, make_config, sim_config
-from eagledata import pipeline
+from eagledata.run import pipeline
 from eagledata.simserver import SimServerThread
 
 SHAREGPT = str(SAMPLES / "sharegpt.jsonl")

@@ -29,10 +29,10 @@ from conftest import (
     read_records,
     sim_config,
 )
-from eagledata import pipeline
-from eagledata.manifest import RunDir
+from eagledata.run import pipeline
+from eagledata.run.manifest import RunDir
+from eagledata.run.verify import verify_run
 from eagledata.simserver import SimServerThread, expected_output
-from eagledata.verify import verify_run
 
 DATASET = str(SAMPLES / "sharegpt.jsonl")  # 40 rows
 SAMPLES_PER_PROMPT = 4

@@ -9,8 +9,8 @@ import pytest
 
 from conftest import SAMPLES
 from eagledata.config import DatasetSettings
-from eagledata.dataset import count_rows, iter_rows, resolve_dataset
 from eagledata.errors import DatasetError
+from eagledata.run.dataset import count_rows, iter_rows, resolve_dataset
 
 
 def test_each_local_format_gives_the_same_prompts() -> None:

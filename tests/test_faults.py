@@ -19,13 +19,13 @@ import pytest
 from aiohttp import web
 
 from conftest import SAMPLES, make_config, read_failures, read_records, sim_config
-from eagledata import pipeline
 from eagledata.config import AppConfig
 from eagledata.errors import ServerError, ServerUnavailableError
-from eagledata.progress import Summary
-from eagledata.scheduler import RetryPolicy
+from eagledata.run import pipeline
+from eagledata.run.progress import Summary
+from eagledata.run.scheduler import RetryPolicy
+from eagledata.run.verify import verify_run
 from eagledata.simserver import SimConfig, SimServerThread, expected_output, runner
-from eagledata.verify import verify_run
 
 DATASET = str(SAMPLES / "prompts.jsonl")  # 30 rows without ids: row ids are line indices
 ROWS = 30

@@ -11,8 +11,8 @@ import orjson
 import pytest
 
 from conftest import SAMPLES, make_config, read_records, sim_config
-from eagledata import pipeline
 from eagledata.errors import ServerRefusedError
+from eagledata.run import pipeline
 from eagledata.simserver import SimServerThread
 
 DATASET = str(SAMPLES / "sharegpt.jsonl")

@@ -7,9 +7,9 @@ from pathlib import Path
 import orjson
 
 from conftest import make_config, read_failures, read_records
-from eagledata import pipeline
+from eagledata.run import pipeline
+from eagledata.run.verify import verify_run
 from eagledata.simserver import SimServerThread
-from eagledata.verify import verify_run
 
 
 def test_retry_failed_regenerates_failures_and_keeps_skips(

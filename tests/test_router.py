@@ -32,10 +32,10 @@ import orjson
 import pytest
 
 from conftest import SAMPLES, make_config, read_failures, read_records, sim_config
-from eagledata import pipeline
 from eagledata.errors import ServerRefusedError
+from eagledata.run import pipeline
+from eagledata.run.verify import verify_run
 from eagledata.simserver import SimServerThread, expected_output
-from eagledata.verify import verify_run
 
 pytest.importorskip(
     "sglang_router", reason="sglang-router is not installed (pip install sglang-router==0.3.2)"

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from eagledata.errors import ServerRefusedError
-from eagledata.serverfacts import ServerFacts, evaluate_kv_guard, format_facts
+from eagledata.server.serverfacts import ServerFacts, evaluate_kv_guard, format_facts
 
 KIMI = "moonshotai/Kimi-K2.5"
 BF16_BPT = 70_272

@@ -1,8 +1,8 @@
 """Issue 3, item 8: a full disk or an unwritable output directory (invariants 3 and 5).
 
-The disk fills up at the writer boundary: ``os.write`` as seen by ``eagledata.writer`` writes part
-of a line and fails with ENOSPC (what a nearly full disk does), after some records. The run stops
-with one clear line, every committed record is intact, no torn line is left, and ``resume``
+The disk fills up at the writer boundary: ``os.write`` as seen by ``eagledata.run.writer`` writes
+part of a line and fails with ENOSPC (what a nearly full disk does), after some records. The run
+stops with one clear line, every committed record is intact, no torn line is left, and ``resume``
 finishes the run exactly once when there is space again.
 """
 
@@ -18,11 +18,11 @@ import pytest
 from typer.testing import CliRunner
 
 from conftest import SAMPLES, make_config, read_failures, read_records
-from eagledata import pipeline, writer
 from eagledata.cli import app
 from eagledata.errors import StorageError
+from eagledata.run import pipeline, writer
+from eagledata.run.verify import verify_run
 from eagledata.simserver import SimServerThread, expected_output
-from eagledata.verify import verify_run
 
 DATASET = str(SAMPLES / "bad_rows.jsonl")  # good rows and failure entries both
 SHAREGPT = str(SAMPLES / "sharegpt.jsonl")
@@ -30,7 +30,7 @@ GENERATION = {"samples_per_prompt": 3, "temperature": 0.7, "max_prompt_tokens": 
 
 
 class FillingDisk:
-    """Stands in for ``os`` inside ``eagledata.writer``: writes to files whose path contains
+    """Stands in for ``os`` inside ``eagledata.run.writer``: writes to files whose path contains
     ``target`` go through until ``room`` of them have; the next one writes half its bytes, then
     fails with ``error``, and so does every one after it."""
 

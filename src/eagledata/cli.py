@@ -84,7 +84,7 @@ def generate(
     progress: ProgressOpt = True,
 ) -> None:
     """Generate completions for a dataset into a run directory (continues it if it exists)."""
-    from eagledata import pipeline
+    from eagledata.run import pipeline
 
     overrides = {
         "server.urls": server or None,
@@ -113,7 +113,7 @@ def resume(
     progress: ProgressOpt = True,
 ) -> None:
     """Continue a run with its frozen settings; only servers and concurrency may change."""
-    from eagledata import pipeline
+    from eagledata.run import pipeline
 
     summary = guarded(
         lambda: pipeline.resume(
@@ -130,7 +130,7 @@ def resume(
 @app.command()
 def status(run_dir: Annotated[Path, typer.Argument(help="A run directory")]) -> None:
     """Planned, written, failed, skipped and left; tokens; recent rate; ETA."""
-    from eagledata.verify import run_status
+    from eagledata.run.verify import run_status
 
     typer.echo(guarded(lambda: run_status(run_dir)).render())
 
@@ -138,7 +138,7 @@ def status(run_dir: Annotated[Path, typer.Argument(help="A run directory")]) -> 
 @app.command()
 def verify(run_dir: Annotated[Path, typer.Argument(help="A run directory")]) -> None:
     """Check every line, unique ids, token counts, and that counts reconcile with the plan."""
-    from eagledata.verify import verify_run
+    from eagledata.run.verify import verify_run
 
     report = guarded(lambda: verify_run(run_dir))
     for note in report.notes:
@@ -172,8 +172,8 @@ def check_server(
     """Print a server's facts and the bf16 verdict; exit non-zero if it would be refused."""
     import httpx
 
-    from eagledata.launch import check_running_server
-    from eagledata.serverfacts import format_facts
+    from eagledata.server.launch import check_running_server
+    from eagledata.server.serverfacts import format_facts
 
     def check() -> tuple[Any, Any]:
         model, bytes_per_token = (None, None)
@@ -213,9 +213,9 @@ def launch_server(
     deadline: Annotated[float, typer.Option(help="Seconds to wait for /health")] = 1800.0,
 ) -> None:
     """Start SGLang from a profile (bf16 KV enforced); extra args after -- pass through."""
-    from eagledata.launch import build_launch_command, format_command, launch_and_wait
-    from eagledata.profiles import DEFAULT_PROFILE, load_profile
-    from eagledata.serverfacts import format_facts
+    from eagledata.server.launch import build_launch_command, format_command, launch_and_wait
+    from eagledata.server.profiles import DEFAULT_PROFILE, load_profile
+    from eagledata.server.serverfacts import format_facts
 
     extra = list(ctx.args)
     chosen = guarded(lambda: load_profile(profile or DEFAULT_PROFILE, profiles_dir))
@@ -265,11 +265,11 @@ def plan(
     import httpx
 
     from eagledata.capacity import REFERENCE_WORKLOAD, plan_profiles, render_plan_table
-    from eagledata.dataset import resolve_dataset
-    from eagledata.launch import fetch_server_info
-    from eagledata.planning import live_row, measure_workload
-    from eagledata.profiles import load_profiles
-    from eagledata.serverfacts import ServerFacts
+    from eagledata.run.dataset import resolve_dataset
+    from eagledata.run.planning import live_row, measure_workload
+    from eagledata.server.launch import fetch_server_info
+    from eagledata.server.profiles import load_profiles
+    from eagledata.server.serverfacts import ServerFacts
 
     def build() -> str:
         if dataset is not None:

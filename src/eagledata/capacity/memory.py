@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass
 
 from eagledata.errors import ConfigError
-from eagledata.profiles import HardwareSection, Profile
+from eagledata.server.profiles import HardwareSection, Profile
 
 GIB = 1 << 30
 

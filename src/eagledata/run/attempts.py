@@ -10,14 +10,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from eagledata.client import ServerDownError, SGLangClient, new_rid
 from eagledata.errors import ItemError, RetryableItemError, ServerUnavailableError
-from eagledata.guard import KVGuard
-from eagledata.progress import Progress
-from eagledata.records import failure_entry
-from eagledata.scheduler import RetryPolicy
-from eagledata.workplan import WorkItem
-from eagledata.writer import FailureLog
+from eagledata.run.progress import Progress
+from eagledata.run.records import failure_entry
+from eagledata.run.scheduler import RetryPolicy
+from eagledata.run.workplan import WorkItem
+from eagledata.run.writer import FailureLog
+from eagledata.server.client import ServerDownError, SGLangClient, new_rid
+from eagledata.server.guard import KVGuard
 
 
 class ItemSender:

@@ -14,11 +14,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from eagledata.dataset import ResolvedDataset, iter_rows
 from eagledata.errors import ItemError
-from eagledata.prompts import Message, to_messages
-from eagledata.records import failure_entry, record_id
-from eagledata.tokenization import LengthLimit, PromptTokenizer, check_length
+from eagledata.run.dataset import ResolvedDataset, iter_rows
+from eagledata.run.prompts import Message, to_messages
+from eagledata.run.records import failure_entry, record_id
+from eagledata.run.tokenization import LengthLimit, PromptTokenizer, check_length
 
 
 @dataclass(slots=True)

@@ -37,10 +37,10 @@ from eagledata.errors import (
 )
 
 # Re-exported: callers that hold a client also name its results and request ids from here.
-from eagledata.responses import GenerateResult as GenerateResult
-from eagledata.responses import error_message
-from eagledata.responses import new_rid as new_rid
-from eagledata.responses import parse_generate_item as parse_generate_item
+from eagledata.server.responses import GenerateResult as GenerateResult
+from eagledata.server.responses import error_message
+from eagledata.server.responses import new_rid as new_rid
+from eagledata.server.responses import parse_generate_item as parse_generate_item
 
 
 class ServerDownError(RetryableItemError):

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import orjson
 
-from eagledata.manifest import RunDir, record_files, scan_totals
-from eagledata.records import REQUIRED_RECORD_KEYS
+from eagledata.run.manifest import RunDir, record_files, scan_totals
+from eagledata.run.records import REQUIRED_RECORD_KEYS
 
 MAX_LISTED = 50
 

@@ -10,8 +10,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from eagledata.errors import EagledataError
-from eagledata.progress import Progress
-from eagledata.scheduler import Scheduler
+from eagledata.run.progress import Progress
+from eagledata.run.scheduler import Scheduler
 
 
 def first_fatal(group: BaseExceptionGroup[Any]) -> BaseException:

@@ -12,11 +12,11 @@ import itertools
 from eagledata.capacity import PlanRow, Workload
 from eagledata.capacity.planner import plan_from_pool
 from eagledata.config import AppConfig
-from eagledata.dataset import ResolvedDataset, count_rows, iter_rows
 from eagledata.errors import ConfigError, ItemError
-from eagledata.prompts import to_messages
-from eagledata.serverfacts import ServerFacts
-from eagledata.tokenization import PromptTokenizer
+from eagledata.run.dataset import ResolvedDataset, count_rows, iter_rows
+from eagledata.run.prompts import to_messages
+from eagledata.run.tokenization import PromptTokenizer
+from eagledata.server.serverfacts import ServerFacts
 
 
 def measure_workload(

@@ -12,7 +12,7 @@ from typing import Any
 
 from eagledata.config import TokenizerSettings, resolve_bundled
 from eagledata.errors import BadRowError, PromptTooLongError, TokenizerError
-from eagledata.prompts import Message
+from eagledata.run.prompts import Message
 
 
 @dataclass(frozen=True, slots=True)

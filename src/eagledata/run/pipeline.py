@@ -14,20 +14,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from eagledata.attempts import ItemSender
-from eagledata.client import SGLangClient
 from eagledata.config import AppConfig, FrozenSettings, resolve_bundled
-from eagledata.dataset import ResolvedDataset, count_rows, resolve_dataset
 from eagledata.errors import EagledataError, RunDirError, ServerUnavailableError
-from eagledata.guard import KVGuard
-from eagledata.manifest import RunDir, scan_totals
-from eagledata.progress import Progress, Summary
-from eagledata.records import make_record
-from eagledata.scheduler import RetryPolicy, Scheduler
-from eagledata.signals import first_fatal, stop_on_signals
-from eagledata.tokenization import LengthLimit, PromptTokenizer
-from eagledata.workplan import Outcome, WorkItem, WorkPlan
-from eagledata.writer import FailureLog, ShardWriter
+from eagledata.run.attempts import ItemSender
+from eagledata.run.dataset import ResolvedDataset, count_rows, resolve_dataset
+from eagledata.run.manifest import RunDir, scan_totals
+from eagledata.run.progress import Progress, Summary
+from eagledata.run.records import make_record
+from eagledata.run.scheduler import RetryPolicy, Scheduler
+from eagledata.run.signals import first_fatal, stop_on_signals
+from eagledata.run.tokenization import LengthLimit, PromptTokenizer
+from eagledata.run.workplan import Outcome, WorkItem, WorkPlan
+from eagledata.run.writer import FailureLog, ShardWriter
+from eagledata.server.client import SGLangClient
+from eagledata.server.guard import KVGuard
 
 PLAN_BATCH = 64
 

@@ -30,8 +30,8 @@ from eagledata.errors import (
     ServerRefusedError,
     ServerUnavailableError,
 )
-from eagledata.profiles import BF16_KV_DTYPES, Profile
-from eagledata.serverfacts import GuardVerdict, ServerFacts, evaluate_kv_guard
+from eagledata.server.profiles import BF16_KV_DTYPES, Profile
+from eagledata.server.serverfacts import GuardVerdict, ServerFacts, evaluate_kv_guard
 
 DEFAULT_SCRIPT = Path("scripts/launch_sglang.sh")
 

@@ -30,7 +30,7 @@ import orjson
 from eagledata import __version__
 from eagledata.config import FrozenSettings
 from eagledata.errors import RunDirError
-from eagledata.writer import (
+from eagledata.run.writer import (
     SHARD_PATTERN,
     Journal,
     fsync_dir,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from eagledata.prompts import Message
-from eagledata.responses import GenerateResult
+from eagledata.run.prompts import Message
+from eagledata.server.responses import GenerateResult
 
 REQUIRED_RECORD_KEYS = (
     "id",
