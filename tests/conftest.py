@@ -38,7 +38,7 @@ def tokenizer_dir() -> str:
 @pytest.fixture(scope="session")
 def prompt_tokenizer() -> Any:
     from eagledata.config import TokenizerSettings
-    from eagledata.tokenization import PromptTokenizer
+    from eagledata.run.tokenization import PromptTokenizer
 
     return PromptTokenizer(TokenizerSettings(name=TOKENIZER))
 
@@ -81,7 +81,10 @@ def read_records(run_dir: Path) -> list[dict[str, Any]]:
     records = []
     for folder in ("shards", "pending"):
         for path in sorted((run_dir / folder).glob("shard-*.jsonl")):
-            records.extend(orjson.loads(line) for line in path.read_bytes().splitlines())
+            data = path.read_bytes()
+            # A run in progress may be mid-write: only whole lines are committed records.
+            whole = data[: data.rfind(b"\n") + 1]
+            records.extend(orjson.loads(line) for line in whole.splitlines())
     return records
 
 
