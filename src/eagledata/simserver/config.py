@@ -6,6 +6,7 @@ merged settings), so derived values are methods, never cached copies.
 
 from __future__ import annotations
 
+import bisect
 import json
 import random
 from dataclasses import dataclass, field
@@ -91,6 +92,12 @@ class SimConfig(BaseModel):
     abort_rate: Rate = 0.0
     bad_count_rate: Rate = 0.0
     stream_error_rate: Rate = 0.0
+
+    # --- answer quality (simserver/answers.py), decided per answer from its own hash ----------
+    empty_rate: Rate = 0.0
+    """Share of answers that are the stop token alone."""
+    loop_rate: Rate = 0.0
+    """Share of answers that fall into a loop and repeat it until ``max_new_tokens``."""
 
     @model_validator(mode="after")
     def _check(self) -> SimConfig:
@@ -183,6 +190,25 @@ class ModelSpec:
     """Never generated: ids below LOWEST_GENERATED_ID, added/special tokens and the EOS."""
     table: list[int]
     tokenizer: Any | None = field(default=None, repr=False)
+    word_starts: list[int] | None = field(default=None, repr=False)
+    """Table positions where a word begins (text tables only), sorted: an answer starts at
+    one, so it does not begin with half a word no tokenizer would produce alone."""
+
+    def snap(self, offset: int) -> int:
+        """The first word start at or after ``offset`` (wrapping), or ``offset`` itself."""
+        starts = self.word_starts
+        if not starts:
+            return offset
+        index = bisect.bisect_left(starts, offset)
+        return starts[index] if index < len(starts) else starts[0]
+
+    def snap_back(self, end: int) -> int:
+        """The last word start at or before ``end``, or ``end`` itself."""
+        starts = self.word_starts
+        if not starts:
+            return end
+        index = bisect.bisect_right(starts, end)
+        return starts[index - 1] if index else end
 
     def encode(self, text: str) -> list[int]:
         if self.tokenizer is not None:
@@ -233,7 +259,53 @@ def _build_model(path: str | None, vocab: int | None, eos: int | None) -> ModelS
     if not allowed:
         raise ConfigError("sim-server: the vocabulary has no ordinary token to generate")
     table = random.Random(0x5EED).choices(allowed, k=TABLE_SIZE)
-    return ModelSpec(vocab, eos, excluded, table, tokenizer)
+    starts: list[int] | None = None
+    if tokenizer is not None:
+        text_table = _text_table(tokenizer, excluded)
+        if text_table:
+            table = text_table
+            pieces = tokenizer.decode_batch([[t] for t in sorted(set(table))])
+            opens = {
+                t for t, text in zip(sorted(set(table)), pieces, strict=True) if text[:1].isspace()
+            }
+            starts = [i for i, t in enumerate(table) if t in opens]
+    return ModelSpec(vocab, eos, excluded, table, tokenizer, starts)
+
+
+def _text_table(tokenizer: Any, excluded: frozenset[int]) -> list[int]:
+    """With a real tokenizer, the table is the canonical encoding of prose (the bundled sample
+    conversations, shuffled and repeated): answers then decode to text and mostly survive a
+    decode/encode round trip, as a real model's do; a table of random ids never would."""
+    from importlib import resources
+
+    texts: list[str] = []
+
+    def walk(value: Any) -> None:
+        if isinstance(value, str) and len(value) > 20:
+            texts.append(value)
+        elif isinstance(value, dict):
+            for item in value.values():
+                walk(item)
+        elif isinstance(value, list):
+            for item in value:
+                walk(item)
+
+    samples = resources.files("eagledata").joinpath("assets", "samples")
+    for name in ("sharegpt.jsonl", "ultrachat.jsonl", "prompts.jsonl"):
+        source = samples.joinpath(name)
+        if source.is_file():
+            for line in source.read_text(encoding="utf-8").splitlines():
+                walk(json.loads(line))
+    if not texts:
+        return []
+    shuffler = random.Random(0x7E47)
+    table: list[int] = []
+    while len(table) < TABLE_SIZE:
+        shuffler.shuffle(texts)
+        ids = tokenizer.encode("\n\n".join(texts), add_special_tokens=False).ids
+        table.extend(t for t in ids if t not in excluded)
+        table.append(tokenizer.encode("\n\n", add_special_tokens=False).ids[0])
+    return table[:TABLE_SIZE]
 
 
 def _find_eos(path: Path, tokenizer: Any) -> int:

@@ -13,6 +13,7 @@ from typing import Any
 
 import orjson
 
+from eagledata.simserver.answers import EMPTY, LOOP, draw_shape, loop_answer
 from eagledata.simserver.config import TABLE_SIZE, ModelSpec, SimConfig, resolve_model
 from eagledata.simserver.protocol import FinishReason
 from eagledata.simserver.sampling import SamplingSpec, parse_sampling, resolve_max_new
@@ -22,8 +23,16 @@ def prompt_digest(input_ids: list[int]) -> bytes:
     return hashlib.blake2b(array("q", input_ids).tobytes(), digest_size=16).digest()
 
 
-def _body(model: ModelSpec, offset: int, count: int, banned: frozenset[int]) -> list[int]:
+def _body(
+    model: ModelSpec, offset: int, count: int, banned: frozenset[int], whole_words: bool = False
+) -> list[int]:
+    """``count`` ids of the table from the word start at or after ``offset``; with
+    ``whole_words`` (an answer that stops) cut back to end before a word start, so it never stops
+    in the middle of a word or of a UTF-8 character."""
     table = model.table
+    offset = model.snap(offset)
+    if whole_words and count > 1 and offset + count < TABLE_SIZE:
+        count = max(1, model.snap_back(offset + count) - offset)
     if offset + count <= TABLE_SIZE:
         ids = table[offset : offset + count]
     else:
@@ -32,6 +41,27 @@ def _body(model: ModelSpec, offset: int, count: int, banned: frozenset[int]) -> 
         safe = next(t for t in table if t not in banned)
         ids = [safe if t in banned else t for t in ids]
     return ids
+
+
+def answer_hash(
+    digest: bytes, spec: SamplingSpec, config: SimConfig, index: int, fp8: bool
+) -> bytes:
+    salt = orjson.dumps([config.seed, index, fp8])
+    return hashlib.blake2b(digest + spec.sampling_key + salt, digest_size=16).digest()
+
+
+def answer_shape(
+    digest: bytes, spec: SamplingSpec, config: SimConfig, index: int, max_new: int
+) -> str | None:
+    """``empty``, ``loop`` or None: the shape this answer takes (answers.py). An answer that
+    cannot stop (``ignore_eos``) is never empty; one shorter than 8 tokens never loops."""
+    if not (config.empty_rate or config.loop_rate) or spec.ignore_eos:
+        return None
+    h = answer_hash(digest, spec, config, 0 if spec.greedy else index, False)
+    shape = draw_shape(h, config.empty_rate, config.loop_rate)
+    if (shape == EMPTY and max_new < 1) or (shape == LOOP and max_new < 8):
+        return None
+    return shape
 
 
 def generate(
@@ -46,8 +76,7 @@ def generate(
 ) -> tuple[list[int], FinishReason]:
     """The deterministic output of one sample; ``max_new`` is already resolved."""
     index = 0 if spec.greedy else sample_index
-    salt = orjson.dumps([config.seed, index, fp8])
-    h = hashlib.blake2b(digest + spec.sampling_key + salt, digest_size=16).digest()
+    h = answer_hash(digest, spec, config, index, fp8)
     offset = int.from_bytes(h[:4]) % TABLE_SIZE
     pick = int.from_bytes(h[4:12])
     stops = () if spec.ignore_eos else (model.eos_token_id, *spec.stop_token_ids)
@@ -63,9 +92,15 @@ def generate(
     else:
         length = lo + (pick >> 20) % (hi - lo + 1)
         stop = stops[(pick >> 8) % len(stops)] if len(stops) > 1 else stops[0]
-        ids = _body(model, offset, length - 1, banned)
+        ids = _body(model, offset, length - 1, banned, whole_words=True)
         ids.append(stop)
         finish = {"type": "stop", "matched": stop}
+    shape = answer_shape(digest, spec, config, index, max_new)
+    if shape == EMPTY:
+        ids, finish = [stops[0]], {"type": "stop", "matched": stops[0]}
+    elif shape == LOOP:
+        ids = loop_answer(_body(model, offset, max_new, banned), h, max_new)
+        finish = {"type": "length", "length": max_new}
     if fp8:
         twin = generate(model, digest, spec, max_new, config, fp8=False, sample_index=index)
         if twin[0] == ids and ids:  # fp8 must visibly differ from bf16: nudge the first token

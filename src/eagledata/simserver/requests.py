@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 from dataclasses import dataclass
 from typing import Any
 
 from eagledata.simserver.config import ModelSpec
-from eagledata.simserver.engine import generate, prompt_digest
+from eagledata.simserver.engine import answer_shape, generate, prompt_digest
 from eagledata.simserver.protocol import bad_body, bad_value
 from eagledata.simserver.sampling import SamplingSpec, parse_sampling, resolve_max_new
 from eagledata.simserver.scheduler import Item
@@ -116,6 +117,8 @@ def parse_generate(obj: Any, state: SimState) -> Parsed:
         for j in range(n):
             out, finish = generate(model, digest, spec, max_new, config, fp8=fp8, sample_index=j)
             item = Item(rids[len(pairs)], len(ids), out, finish)
+            shape = answer_shape(digest, spec, config, j, max_new)
+            state.answers.note(item.rid, shape, False, time.time())
             item.kv_dtype = dtype
             item.cached = state.scheduler.note_prefix(config, digest, len(ids))
             pairs.append((item, spec))

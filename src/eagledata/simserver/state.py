@@ -7,6 +7,7 @@ from typing import Any
 
 from aiohttp import web
 
+from eagledata.simserver.answers import AnswerLedger
 from eagledata.simserver.config import ModelSpec, SimConfig, resolve_model
 from eagledata.simserver.scheduler import RUNNING, Scheduler
 
@@ -20,6 +21,8 @@ class SimState:
     host: str = "127.0.0.1"
     port: int = 0
     attempts: dict[bytes, int] = field(default_factory=dict)
+    answers: AnswerLedger = field(default_factory=AnswerLedger)
+    """Each answer's drawn shape and whether it was produced degraded (ground truth)."""
 
 
 STATE = web.AppKey("sim_state", SimState)
@@ -46,4 +49,5 @@ def stats_snapshot(state: SimState) -> dict[str, Any]:
         "load": scheduler.load(state.config),
         "kv_cache_dtype": state.config.kv_cache_dtype,
         "effective_kv_dtype": state.config.effective_kv_dtype(),
+        "answers": state.answers.as_dict(),
     }
