@@ -16,6 +16,7 @@ from typing import Any
 
 from eagledata.config import AppConfig, FrozenSettings, resolve_bundled
 from eagledata.errors import EagledataError, RunDirError, ServerUnavailableError
+from eagledata.quality.flags import FlagDetector
 from eagledata.run.attempts import ItemSender
 from eagledata.run.dataset import ResolvedDataset, count_rows, resolve_dataset
 from eagledata.run.manifest import RunDir, scan_totals
@@ -24,6 +25,7 @@ from eagledata.run.records import make_record
 from eagledata.run.scheduler import RetryPolicy, Scheduler
 from eagledata.run.signals import first_fatal, stop_on_signals
 from eagledata.run.tokenization import LengthLimit, PromptTokenizer
+from eagledata.run.verify import canary_line, canary_summary
 from eagledata.run.workplan import Outcome, WorkItem, WorkPlan
 from eagledata.run.writer import FailureLog, ShardWriter
 from eagledata.server.client import SGLangClient
@@ -108,6 +110,7 @@ class Run:
         writer.seal_pending()
         totals = scan_totals(self.run_dir.path)
         tokenizer = await asyncio.to_thread(PromptTokenizer, config.tokenizer)
+        flagger = FlagDetector.from_vocab(tokenizer.token_id, tokenizer.roundtrip)
         failures = FailureLog(self.run_dir.path, config.run.fsync_interval_s)
         check_log = self.run_dir.check_log(config.run.fsync_interval_s)
         samples = config.generation.samples_per_prompt
@@ -139,6 +142,12 @@ class Run:
                     messages=item.messages,
                     input_ids=item.input_ids,
                     result=result,
+                    flags=flagger.flags(
+                        input_ids=item.input_ids,
+                        output_ids=result.output_ids,
+                        finish_reason=result.finish_reason,
+                        matched=result.matched,
+                    ),
                 )
             )
             self.counts.records += 1
@@ -280,6 +289,9 @@ class Run:
             elapsed_s=time.monotonic() - started,
             quality=totals.quality_line(),
             interrupted=self.interrupted,
+            canary=canary_line(canary_summary(self.run_dir.path, self.run_dir.read()))
+            if self.run_dir.exists()
+            else "",
         )
 
 

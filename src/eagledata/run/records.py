@@ -34,6 +34,7 @@ def make_record(
     messages: list[Message],
     input_ids: list[int],
     result: GenerateResult,
+    flags: list[str] | None = None,
 ) -> dict[str, Any]:
     # ``id`` first: a reader that wants only ids can stop parsing early.
     return {
@@ -49,6 +50,8 @@ def make_record(
         "input_ids": input_ids,
         "output_ids": result.output_ids,
         "text": result.text,
+        # quality/flags.py: what a consumer should know about this answer; [] when clean
+        "flags": flags if flags is not None else [],
         # ``matched`` may be an id or a stop string; keep the column typed for Arrow.
         "matched_token_id": result.matched if isinstance(result.matched, int) else None,
         "cached_tokens": result.cached_tokens,

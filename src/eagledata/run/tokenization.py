@@ -80,6 +80,25 @@ class PromptTokenizer:
             ids = ids[0]
         return [int(token) for token in ids]  # type: ignore[arg-type]
 
+    # --- for the record flags (quality/flags.py); never on the ids sent ---------------------
+
+    def token_id(self, token: str) -> int | None:
+        """The id of a vocabulary token (e.g. ``<think>``), None if the vocabulary lacks it."""
+        found = self._tokenizer.convert_tokens_to_ids(token)
+        unknown = self._tokenizer.unk_token_id
+        return found if isinstance(found, int) and found != unknown else None
+
+    def roundtrip(self, ids: list[int]) -> list[int]:
+        """Decode ``ids`` to text (special tokens kept) and encode that text again."""
+        backend = getattr(self._tokenizer, "backend_tokenizer", None)
+        if backend is not None:  # the Rust tokenizer itself: no Python-side post-processing
+            text = backend.decode(ids, skip_special_tokens=False)
+            return list(backend.encode(text, add_special_tokens=False).ids)
+        text = self._tokenizer.decode(
+            ids, skip_special_tokens=False, clean_up_tokenization_spaces=False
+        )
+        return list(self._tokenizer.encode(text, add_special_tokens=False))
+
 
 def check_length(input_ids: list[int], limit: LengthLimit) -> None:
     if not input_ids:

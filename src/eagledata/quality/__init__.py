@@ -1,0 +1,1 @@
+"""Quality, measured: record flags (``flags``) and the logprob canary (``canary``)."""
