@@ -92,6 +92,28 @@ def test_status_of_an_unfinished_run_says_what_is_left(
     assert "left:     7" in result.stdout
 
 
+def test_status_json_holds_the_documented_keys(finished: Path) -> None:
+    import orjson
+
+    result = cli("status", str(finished), "--json")
+    assert result.returncode == 0, result.stderr
+    status = orjson.loads(result.stdout)
+    for key in ("run_dir", "planned", "plan_complete", "written", "failed", "skipped", "left"):
+        assert key in status
+    assert (status["planned"], status["written"], status["failed"], status["left"]) == (
+        15,
+        3,
+        12,
+        0,
+    )
+    assert status["output_tokens"] > 0 and status["tok_s"]["overall"] > 0
+    assert set(status["quality"]) == {"flags", "canary"}
+    assert sum(status["finish_reasons"].values()) == 3
+    assert sum(status["failure_reasons"].values()) == 12
+    human = cli("status", str(finished)).stdout
+    assert "flags: " in human and "canary: " in human
+
+
 def test_status_of_a_directory_that_is_no_run(tmp_path: Path) -> None:
     message = one_error_line(cli("status", str(tmp_path)), 5)
     assert message == (

@@ -128,11 +128,22 @@ def resume(
 
 
 @app.command()
-def status(run_dir: Annotated[Path, typer.Argument(help="A run directory")]) -> None:
-    """Planned, written, failed, skipped and left; tokens; recent rate; ETA."""
+def status(
+    run_dir: Annotated[Path, typer.Argument(help="A run directory")],
+    as_json: Annotated[
+        bool, typer.Option("--json", help="One JSON object (schema: docs/run-directory.md)")
+    ] = False,
+) -> None:
+    """Planned, written, failed, skipped and left; tokens; rate; ETA; flags and canary."""
     from eagledata.run.verify import run_status
 
-    typer.echo(guarded(lambda: run_status(run_dir)).render())
+    report = guarded(lambda: run_status(run_dir))
+    if as_json:
+        import orjson
+
+        typer.echo(orjson.dumps(report.to_json()).decode())
+    else:
+        typer.echo(report.render())
 
 
 @app.command()

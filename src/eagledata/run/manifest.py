@@ -82,6 +82,22 @@ class RunTotals:
     # Quality, not speed: an answer cut at max_new_tokens teaches a drafter to never stop.
     finish_reasons: dict[str, int] = field(default_factory=dict)
     output_lengths: list[int] = field(default_factory=list)
+    # Quality flags (quality/flags.py): records carrying each flag.
+    flags: dict[str, int] = field(default_factory=dict)
+    flagged: int = 0
+    # The span of completion times, for the overall rate in ``status --json``.
+    first_created: float | None = None
+    last_created: float | None = None
+
+    def flags_line(self) -> str:
+        """``flags: degenerate 3 (0.3%), truncated 12 (1.2%)``, or ``flags: none``."""
+        if not self.flags:
+            return "flags: none"
+        parts = [
+            f"{name} {count:,} ({count / max(self.written, 1):.1%})"
+            for name, count in sorted(self.flags.items(), key=lambda kv: (-kv[1], kv[0]))
+        ]
+        return "flags: " + ", ".join(parts)
 
     def quality_line(self) -> str:
         """Finish reasons and answer lengths: the numbers that say whether data is usable."""
@@ -96,7 +112,10 @@ class RunTotals:
         p50 = self.output_length_percentile(0.5)
         p90 = self.output_length_percentile(0.9)
         longest = max(self.output_lengths)
-        return f"{', '.join(parts)}; output tokens p50 {p50:,}, p90 {p90:,}, max {longest:,}"
+        return (
+            f"{', '.join(parts)}; output tokens p50 {p50:,}, p90 {p90:,}, max {longest:,}; "
+            + self.flags_line()
+        )
 
     def output_length_percentile(self, fraction: float) -> int | None:
         if not self.output_lengths:
@@ -129,7 +148,16 @@ def scan_totals(run_dir: Path, recent_window_s: float = 600.0) -> RunTotals:
             totals.output_lengths.append(record["completion_tokens"])
             finish = record.get("finish_reason", "?")
             totals.finish_reasons[finish] = totals.finish_reasons.get(finish, 0) + 1
+            flags = record.get("flags") or ()
+            if flags:
+                totals.flagged += 1
+                for flag in flags:
+                    totals.flags[flag] = totals.flags.get(flag, 0) + 1
             created = record.get("created_at", 0.0)
+            if totals.first_created is None or created < totals.first_created:
+                totals.first_created = created
+            if totals.last_created is None or created > totals.last_created:
+                totals.last_created = created
             if created >= horizon:
                 totals.recent.append((created, record["completion_tokens"]))
     failures = run_dir / "failures.jsonl"

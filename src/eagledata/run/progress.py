@@ -95,6 +95,7 @@ class Summary:
     elapsed_s: float
     quality: str = ""
     interrupted: str | None = None
+    canary: str = ""
 
     @property
     def tok_per_s(self) -> float:
@@ -112,6 +113,8 @@ class Summary:
         ]
         if self.quality:
             lines.append(f"quality: {self.quality}")
+        if self.canary:
+            lines.append(f"canary: {self.canary}")
         if self.interrupted:
             lines.append(
                 f"stopped early: {self.interrupted}; continue with "

@@ -5,11 +5,13 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import orjson
 
-from eagledata.run.manifest import RunDir, record_files, scan_totals
+from eagledata.run.manifest import RunDir, RunTotals, record_files, scan_totals
 from eagledata.run.records import REQUIRED_RECORD_KEYS
+from eagledata.run.writer import iter_jsonl_lines
 
 MAX_LISTED = 50
 
@@ -137,6 +139,11 @@ class StatusReport:
     recent_rec_per_s: float
     failure_reasons: dict[str, int]
     quality: str
+    overall_tok_per_s: float = 0.0
+    finish_reasons: dict[str, int] = field(default_factory=dict)
+    flags: dict[str, int] = field(default_factory=dict)
+    canary: dict[str, Any] = field(default_factory=dict)
+    load: dict[str, Any] | None = None
 
     @property
     def left(self) -> int | None:
@@ -165,11 +172,114 @@ class StatusReport:
             f"left:     {left}",
             f"tokens:   {self.prompt_tokens:,} prompt, {self.completion_tokens:,} output",
             f"quality:  {self.quality}",
+            f"canary:   {canary_line(self.canary)}",
             f"rate:     {self.recent_tok_per_s:,.1f} output tok/s, "
             f"{self.recent_rec_per_s * 3600:,.0f} records/h (last 10 min)",
             f"eta:      {eta}",
         ]
         return "\n".join(lines)
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``status --json`` object (docs/run-directory.md)."""
+        return {
+            "run_dir": self.run_dir,
+            "planned": self.planned,
+            "plan_complete": self.plan_complete,
+            "written": self.written,
+            "failed": self.failed,
+            "skipped": self.skipped,
+            "left": self.left,
+            "prompt_tokens": self.prompt_tokens,
+            "output_tokens": self.completion_tokens,
+            "tok_s": {"overall": self.overall_tok_per_s, "recent": self.recent_tok_per_s},
+            "eta_s": self.eta_s,
+            "finish_reasons": dict(self.finish_reasons),
+            "failure_reasons": dict(self.failure_reasons),
+            "quality": {"flags": dict(self.flags), "canary": dict(self.canary)},
+            "load": self.load,
+        }
+
+
+def canary_line(canary: dict[str, Any]) -> str:
+    """``off (--no-canary)``, or the checks so far and the last verdict."""
+    if not canary.get("enabled"):
+        return "off (--no-canary)" if canary.get("disabled_by_flag") else "off"
+    checks = canary.get("checks", 0)
+    line = (
+        f"{checks:,} checks, {canary.get('passed', 0):,} passed, {canary.get('failed', 0):,} failed"
+    )
+    last = canary.get("last")
+    if isinstance(last, dict):
+        line += f"; last: {last.get('verdict')} ({last.get('trigger')}, {last.get('server')})"
+        if last.get("reason"):
+            line += f": {last['reason']}"
+    return line
+
+
+def canary_summary(path: Path, manifest: dict[str, Any]) -> dict[str, Any]:
+    """``{"enabled", "checks", "passed", "failed", "baseline", "last"}`` from run.json and
+    ``quality.jsonl``. ``checks`` counts every canary check after the baseline runs."""
+    setting = manifest.get("canary")
+    enabled = bool(setting.get("enabled")) if isinstance(setting, dict) else False
+    summary: dict[str, Any] = {
+        "enabled": enabled,
+        "disabled_by_flag": isinstance(setting, dict) and not enabled,
+        "checks": 0,
+        "passed": 0,
+        "failed": 0,
+        "errors": 0,
+        "baseline": 0,
+        "last": None,
+    }
+    ledger = path / "quality.jsonl"
+    if not ledger.is_file():
+        return summary
+    for line in iter_jsonl_lines(ledger):
+        try:
+            entry = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            continue
+        if not isinstance(entry, dict):
+            continue
+        if entry.get("kind") == "baseline":
+            summary["baseline"] += 1
+            continue
+        summary["checks"] += 1
+        verdict = entry.get("verdict")
+        if verdict == "pass":
+            summary["passed"] += 1
+        elif verdict == "error":
+            summary["errors"] += 1
+        else:
+            summary["failed"] += 1
+        summary["last"] = entry
+    return summary
+
+
+TELEMETRY_TAIL_BYTES = 256 * 1024
+
+
+def latest_load(path: Path) -> dict[str, Any] | None:
+    """The latest ``telemetry.jsonl`` sample per server (read from the file's tail only)."""
+    telemetry = path / "telemetry.jsonl"
+    if not telemetry.is_file():
+        return None
+    with telemetry.open("rb") as handle:
+        size = handle.seek(0, 2)
+        handle.seek(max(0, size - TELEMETRY_TAIL_BYTES))
+        data = handle.read()
+    if size > TELEMETRY_TAIL_BYTES:
+        data = data[data.find(b"\n") + 1 :]  # the first line read is probably cut
+    data = data[: data.rfind(b"\n") + 1]  # whole lines only
+    latest: dict[str, Any] = {}
+    for line in data.splitlines():
+        try:
+            sample = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            continue
+        if isinstance(sample, dict) and isinstance(sample.get("server"), str):
+            latest[sample["server"]] = sample
+    return latest or None
 
 
 def _reasons(reasons: dict[str, int]) -> str:
@@ -185,7 +295,7 @@ def _duration(seconds: float) -> str:
 
 def run_status(path: Path, window_s: float = 600.0) -> StatusReport:
     run_dir = RunDir(path)
-    run_dir.read()
+    manifest = run_dir.read()
     totals = scan_totals(path, recent_window_s=window_s)
     now = time.time()
     tokens = sum(count for _, count in totals.recent)
@@ -204,4 +314,16 @@ def run_status(path: Path, window_s: float = 600.0) -> StatusReport:
         recent_rec_per_s=len(totals.recent) / span if totals.recent else 0.0,
         failure_reasons=totals.failure_reasons,
         quality=totals.quality_line(),
+        overall_tok_per_s=_overall_rate(totals.completion_tokens, totals),
+        finish_reasons=totals.finish_reasons,
+        flags=totals.flags,
+        canary=canary_summary(path, manifest),
+        load=latest_load(path),
     )
+
+
+def _overall_rate(tokens: int, totals: RunTotals) -> float:
+    """Output tokens over the span from the first to the last record's completion."""
+    if totals.first_created is None or totals.last_created is None:
+        return 0.0
+    return tokens / max(totals.last_created - totals.first_created, 1.0)
