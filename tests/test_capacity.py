@@ -290,10 +290,13 @@ def test_render_plan_table_fits_100_columns_and_marks_the_rejected_row() -> None
     lines = text.splitlines()
     assert max(len(line) for line in lines) <= 100
     assert lines[0].startswith("workload: 88,000 prompts")
-    header = next(line for line in lines if "reference-bf16" in line and "tp8" in line)
+    last_block = max(i for i, line in enumerate(lines) if line.startswith("KV cache dtype"))
+    header = lines[last_block - 1]
     assert header.rstrip().endswith("fp8-rejected")  # the rejected column comes last
     assert any(line.startswith("KV cache dtype") and "fp8 REJECTED" in line for line in lines)
-    assert lines[-2].startswith("best bf16 profile: ")
+    assert lines[-4].startswith("best bf16 profile: ")
+    assert lines[-3].startswith("  without speculative decoding: ")
+    assert lines[-2].startswith("  with speculative decoding: ")
     assert lines[-1].startswith("rejected fp8-rejected (fp8_e4m3 KV): ~1,362 tok/s")
 
 

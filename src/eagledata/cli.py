@@ -271,13 +271,21 @@ def plan(
         float | None, typer.Option(help="Expected mean answer length (default: max_new_tokens)")
     ] = None,
     profiles_dir: ProfilesDirOpt = None,
+    accept_length: Annotated[
+        float | None,
+        typer.Option(
+            help="Speculative acceptance (tokens per verify step); default: measured on "
+            "--server, else the drafter card's (unverified)"
+        ),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object, for scripts")] = False,
 ) -> None:
     """Compare profiles side by side: KV tokens, concurrency, tok/s, wall clock."""
     import httpx
 
-    from eagledata.capacity import REFERENCE_WORKLOAD, plan_profiles, render_plan_table
+    from eagledata.capacity import REFERENCE_WORKLOAD, render_plan_table
     from eagledata.run.dataset import resolve_dataset
-    from eagledata.run.planning import live_row, measure_workload
+    from eagledata.run.planning import build_plan, measure_workload
     from eagledata.server.launch import fetch_server_info
     from eagledata.server.profiles import load_profiles
     from eagledata.server.serverfacts import ServerFacts
@@ -297,11 +305,19 @@ def plan(
             )
         else:
             workload = REFERENCE_WORKLOAD
-        rows = plan_profiles(load_profiles(profile, profiles_dir), workload)
+        live = []
         with httpx.Client(timeout=httpx.Timeout(30.0, connect=5.0)) as http:
             for url in server or []:
                 facts = ServerFacts.from_server_info(fetch_server_info(http, url.rstrip("/")))
-                rows.insert(0, live_row(url, facts, workload))
+                live.append((url, facts))
+        profiles = load_profiles(profile, profiles_dir)
+        rows = build_plan(profiles, workload, live, accept_length=accept_length)
+        if as_json:
+            import json
+
+            from eagledata.capacity.plan_json import plan_document
+
+            return json.dumps(plan_document(rows, workload), indent=1)
         return render_plan_table(rows, workload=workload)
 
     typer.echo(guarded(build))

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Sequence
 
 from eagledata.capacity.planner import PlanRow
+from eagledata.capacity.speculative import format_speedups
 from eagledata.capacity.workload import Workload
 
 
@@ -37,7 +39,7 @@ def _row_cells(row: PlanRow) -> list[str]:
         dtype = f"{dtype} REJECTED" if len(dtype) <= 6 else f"{dtype.split('_')[0]} REJECTED"
     pool = [dtype, row.parallelism, f"{row.mem_fraction_static:.2f}", f"{row.kv_gib_per_rank:.2f}"]
     if not row.starts:
-        return [*pool, "0 (fails)", "0 (fails)", *["-"] * 7]
+        return [*pool, "0 (fails)", "0 (fails)", *["-"] * 8]
     mrr = str(row.recommended_max_running_requests)
     if row.profile_max_running_requests is not None:
         mrr += f" ({row.profile_max_running_requests})"
@@ -49,11 +51,20 @@ def _row_cells(row: PlanRow) -> list[str]:
         str(row.steady_concurrency),
         mrr,
         str(row.recommended_concurrency),
+        _speculative_cell(row),
         f"{row.tok_s:,.0f}",
         f"{row.tok_s_low:,.0f}-{row.tok_s_high:,.0f}",
         f"{_days(row.wall_clock_hours)} ({_days(row.wall_clock_hours_low)}-"
         f"{_days(row.wall_clock_hours_high)})",
     ]
+
+
+def _speculative_cell(row: PlanRow) -> str:
+    spec = row.speculative
+    if spec is None:
+        return "-"
+    mark = "" if spec.accept_length_measured else "?"
+    return f"L {spec.accept_length:.2f}{mark} x{spec.speedup:.2f}"
 
 
 _ROW_LABELS = [
@@ -67,6 +78,7 @@ _ROW_LABELS = [
     "steady-state running",
     "--max-running-requests",
     "eagledata --concurrency",
+    "speculative (accept, gain)",
     "gen tok/s",
     "gen tok/s band",
     "wall clock, days",
@@ -125,14 +137,37 @@ def render_plan_table(
     for header, row in zip(headers, ordered, strict=True):
         lines.append("")
         status = row.status or "no status"
+        if row.evidence and not status.startswith(row.evidence):
+            status = f"[{row.evidence}] {status}"
         if not row.is_bf16:
             status += f" (kv-cache-dtype {row.kv_cache_dtype}, plan only)"
-        lines.append(f"{header}: {status}")
-        lines += [f"  - {note}" for note in [*row.notes, *row.profile_notes]]
+        lines += _wrap(f"{header}: {status}", width, "", "  ")
+        notes: list[str] = []
+        spec = row.speculative
+        if spec is not None:
+            notes.append(
+                f"speculative: {spec.algorithm}, {spec.num_steps} steps x top-k "
+                f"{spec.eagle_topk}, {spec.num_draft_tokens} draft tokens, acceptance "
+                f"{spec.accept_length:.2f} ({spec.accept_length_source}): "
+                f"{row.tok_s:,.0f} tok/s vs {spec.tok_s_without:,.0f} without; "
+                f"{spec.tok_s_pessimistic:,.0f} at acceptance 2.0"
+            )
+            notes.append(format_speedups(spec))
+        notes += [*row.notes, *row.profile_notes]
+        if row.settle:
+            notes.append(f"settles it: {row.settle}")
+        for note in notes:
+            lines += _wrap(note, width, "  - ", "    ")
 
     lines.append("")
     lines.append(_verdict(ordered, headers))
     return "\n".join(lines)
+
+
+def _wrap(text: str, width: int, first: str, rest: str) -> list[str]:
+    return textwrap.wrap(
+        text, width, initial_indent=first, subsequent_indent=rest, break_on_hyphens=False
+    ) or [first.rstrip()]
 
 
 def _verdict(rows: Sequence[PlanRow], headers: Sequence[str]) -> str:
@@ -145,6 +180,16 @@ def _verdict(rows: Sequence[PlanRow], headers: Sequence[str]) -> str:
     text = f"best bf16 profile: {best_name}, ~{best.tok_s:,.0f} tok/s"
     if best.wall_clock_hours is not None:
         text += f" ({best.wall_clock_hours / 24:.1f} days)"
+    text += f" [{best.evidence or best.status or 'no status'}]"
+    plain = [(h, r) for h, r in bf16 if r.speculative is None]
+    spec = [(h, r) for h, r in bf16 if r.speculative is not None]
+    if plain and spec:
+        for label, group in (("without", plain), ("with", spec)):
+            name, row = max(group, key=lambda item: item[1].tok_s)
+            text += (
+                f"\n  {label} speculative decoding: {name}, ~{row.tok_s:,.0f} tok/s "
+                f"[{row.evidence or row.status or 'no status'}]"
+            )
     if rejected:
         ref_name, ref = max(rejected, key=lambda item: item[1].tok_s)
         beating = [h for h, r in bf16 if r.tok_s >= ref.tok_s]

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict
 
 from eagledata.capacity.kv import KVModel
 from eagledata.capacity.memory import Deployment, kv_gib_per_rank, kv_tokens_per_rank
+from eagledata.capacity.speculative import AcceptOverride, SpecPlan, plan_speculative, spec_model
 from eagledata.capacity.workload import Workload
 from eagledata.server.profiles import BF16_KV_DTYPES, HardwareSection, Profile, ThroughputSection
 
@@ -63,6 +64,12 @@ class PlanRow(BaseModel):
     """What the arithmetic found (pool fails, compute cap, context too short, ...)."""
     profile_notes: list[str] = []
     """The profile's own ``notes`` (what is measured, what is not)."""
+    speculative: SpecPlan | None = None
+    """Speculative decoding's settings and arithmetic; None for a plain deployment."""
+    evidence: str | None = None
+    """measured, arithmetic or unverified (the profile's ``evidence``)."""
+    settle: str = ""
+    """The one real-rig measurement that would settle the row."""
 
     @property
     def is_bf16(self) -> bool:
@@ -220,10 +227,17 @@ def plan_from_pool(
     )
 
 
-def plan_profile(profile: Profile, workload: Workload) -> PlanRow:
-    """The plan for one launch profile."""
+def plan_profile(
+    profile: Profile, workload: Workload, *, accept: AcceptOverride | None = None
+) -> PlanRow:
+    """The plan for one launch profile; ``accept`` replaces a speculative profile's drafter-card
+    acceptance length (``--accept-length``, or measured on a running server)."""
     base_dir = str(Path(profile.source).parent) if profile.source else ""
-    return plan_deployment(
+    spec = spec_model(profile, accept.value if accept is not None else None)
+    if spec is not None:  # drafting and verifying hold a few more KV slots per request
+        slack = workload.slack_tokens + spec.extra_kv_tokens_per_request
+        workload = workload.model_copy(update={"slack_tokens": slack})
+    row = plan_deployment(
         label=profile.name,
         model=KVModel.from_section(profile.model, base_dir=base_dir),
         hardware=profile.hardware,
@@ -233,9 +247,40 @@ def plan_profile(profile: Profile, workload: Workload) -> PlanRow:
         plan_only=profile.plan_only,
         status=profile.status,
         profile_notes=profile.notes,
+    ).model_copy(update={"evidence": profile.evidence, "settle": profile.settle})
+    if spec is None or not row.starts:
+        return row
+    fit, notes = profile.throughput, list(row.notes)
+    plan, tok_s = plan_speculative(
+        profile=profile,
+        model=spec,
+        running=min(row.running, fit.max_running_fit),
+        tokens_per_rank=row.tokens_per_rank,
+        fit=fit,
+        override=accept,
+        notes=notes,
+    )
+    low, high = tok_s * (1 - fit.band), tok_s * (1 + fit.band)
+
+    def hours(rate: float) -> float | None:
+        return workload.total_output_tokens / rate / 3600 if rate > 0 else None
+
+    return row.model_copy(
+        update={
+            "speculative": plan,
+            "tok_s": tok_s,
+            "tok_s_low": low,
+            "tok_s_high": high,
+            "wall_clock_hours": hours(tok_s),
+            "wall_clock_hours_low": hours(high),
+            "wall_clock_hours_high": hours(low),
+            "notes": notes,
+        }
     )
 
 
-def plan_profiles(profiles: Sequence[Profile], workload: Workload) -> list[PlanRow]:
+def plan_profiles(
+    profiles: Sequence[Profile], workload: Workload, *, accept: AcceptOverride | None = None
+) -> list[PlanRow]:
     """One :class:`PlanRow` per profile, in the given order."""
-    return [plan_profile(profile, workload) for profile in profiles]
+    return [plan_profile(profile, workload, accept=accept) for profile in profiles]

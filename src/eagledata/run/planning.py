@@ -8,15 +8,22 @@ prompt lengths of a dataset sample (with the run's own tokenizer and template), 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 
 from eagledata.capacity import PlanRow, Workload
-from eagledata.capacity.planner import plan_from_pool
+from eagledata.capacity.planner import plan_from_pool, plan_profiles
+from eagledata.capacity.speculative import AcceptOverride, SpecModel, plan_live_speculative
 from eagledata.config import AppConfig
 from eagledata.errors import ConfigError, ItemError
 from eagledata.run.dataset import ResolvedDataset, count_rows, iter_rows
 from eagledata.run.prompts import to_messages
 from eagledata.run.tokenization import PromptTokenizer
+from eagledata.server.profiles import Profile, ThroughputSection
 from eagledata.server.serverfacts import ServerFacts
+
+CARD_ACCEPT_LENGTH = 2.8
+"""The drafter cards' acceptance (2.5-3.2 at 3 steps, top-k 1) for a live speculative server that
+has not verified anything yet."""
 
 
 def measure_workload(
@@ -48,9 +55,12 @@ def measure_workload(
     )
 
 
-def live_row(url: str, facts: ServerFacts, workload: Workload) -> PlanRow:
-    """A plan row from the pool a running server reports, with the same fit as the profiles."""
-    return plan_from_pool(
+def live_row(
+    url: str, facts: ServerFacts, workload: Workload, accept: AcceptOverride | None = None
+) -> PlanRow:
+    """A plan row from the pool a running server reports, with the same fit as the profiles;
+    a speculative server is rated at its measured acceptance (else ``accept``, else the cards')."""
+    row = plan_from_pool(
         label=f"live {url}",
         kv_cache_dtype=facts.kv_cache_dtype or "unknown",
         parallelism=f"TP{facts.tp_size or '?'}"
@@ -62,4 +72,81 @@ def live_row(url: str, facts: ServerFacts, workload: Workload) -> PlanRow:
         max_running_requests=facts.max_running_requests,
         context_length=facts.context_length,
         status="measured pool (from /server_info)",
+    ).model_copy(update={"evidence": "measured"})
+    spec = facts.speculative
+    if spec is None or not row.starts:
+        return row
+    if spec.accept_length is not None:
+        value, source, measured = spec.accept_length, f"measured on {url}", True
+    elif accept is not None:
+        value, source, measured = accept.value, accept.source, accept.measured
+    else:
+        value, source, measured = CARD_ACCEPT_LENGTH, "drafter cards, unverified", False
+    steps = spec.num_steps or 3
+    topk = spec.eagle_topk or 1
+    model = SpecModel(
+        accept_length=value,
+        num_steps=steps,
+        eagle_topk=topk,
+        num_draft_tokens=spec.num_draft_tokens or steps + 1,
     )
+    fit = ThroughputSection()
+    plan, tok_s = plan_live_speculative(
+        algorithm=spec.algorithm,
+        draft_model=spec.draft_model_path or "unknown",
+        model=model,
+        running=min(row.running, fit.max_running_fit),
+        fit=fit,
+        source=source,
+        measured=measured,
+    )
+    notes = list(row.notes)
+    if not measured:
+        notes.append("acceptance not measured yet: the server has verified nothing")
+    hours = workload.total_output_tokens / tok_s / 3600 if tok_s > 0 else None
+    return row.model_copy(
+        update={
+            "speculative": plan,
+            "tok_s": tok_s,
+            "tok_s_low": tok_s * (1 - fit.band),
+            "tok_s_high": tok_s * (1 + fit.band),
+            "wall_clock_hours": hours,
+            "wall_clock_hours_low": hours / (1 + fit.band) if hours else None,
+            "wall_clock_hours_high": hours / (1 - fit.band) if hours else None,
+            "notes": notes,
+            "evidence": "measured" if measured else "unverified",
+        }
+    )
+
+
+def measured_acceptance(live: Sequence[tuple[str, ServerFacts]]) -> AcceptOverride | None:
+    """The acceptance length the first speculative server has measured, if any."""
+    for url, facts in live:
+        spec = facts.speculative
+        if spec is not None and spec.accept_length is not None:
+            return AcceptOverride(spec.accept_length, f"measured on {url}", True)
+    return None
+
+
+def build_plan(
+    profiles: Sequence[Profile],
+    workload: Workload,
+    live: Sequence[tuple[str, ServerFacts]] = (),
+    *,
+    accept_length: float | None = None,
+) -> list[PlanRow]:
+    """Rows for the profiles, then (first) one per running server. Speculative rows use
+    ``accept_length`` when given, else what a running speculative server measured, else their
+    drafter card's figure (marked unverified)."""
+    if accept_length is not None:
+        if accept_length < 1:
+            raise ConfigError("--accept-length: tokens per verify step, at least 1")
+        accept: AcceptOverride | None = AcceptOverride(
+            accept_length, "--accept-length, assumed", False
+        )
+    else:
+        accept = measured_acceptance(live)
+    rows = plan_profiles(profiles, workload, accept=accept)
+    for url, facts in live:
+        rows.insert(0, live_row(url, facts, workload, accept))
+    return rows

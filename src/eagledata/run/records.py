@@ -59,6 +59,7 @@ def make_record(
         "rid": result.rid,
         "weight_version": result.weight_version,
         "e2e_latency": result.e2e_latency,
+        "spec_verify_ct": result.spec_verify_ct,
     }
 
 

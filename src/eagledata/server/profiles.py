@@ -54,6 +54,13 @@ _FORBIDDEN_KEYS = {
 }
 
 
+_SPECULATIVE_SHAPE_KEYS = (
+    "speculative-num-steps",
+    "speculative-eagle-topk",
+    "speculative-num-draft-tokens",
+)
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -133,6 +140,28 @@ class ThroughputSection(_Strict):
     """Never recommend more running requests than this (compute-bound, not KV-bound)."""
 
 
+class DraftSection(_Strict):
+    """A speculative profile's draft model: what the planner needs beyond the flags.
+
+    The draft's weights, KV pool and CUDA graphs load after the target has sized its KV pool, so
+    they come out of the ``(1 - mem_fraction_static)`` headroom (SGLang's own default fraction
+    reserves 2 GiB more for "eagle draft models and cuda graphs", ``server_args.py``).
+    """
+
+    name: str
+    """Must equal ``sglang_args.speculative-draft-model-path``."""
+    accept_length: Annotated[float, Field(gt=1)]
+    """Tokens per verify step (accepted drafts + the target's own token), SGLang's definition."""
+    accept_length_source: str
+    weights_gib_per_gpu: Annotated[float, Field(ge=0)]
+    kv_bytes_per_token: Annotated[int, Field(ge=0)]
+    """Draft KV per token on one rank (bf16); its pool has as many tokens as the target's."""
+    graph_gib: Annotated[float, Field(ge=0)] = 1.0
+    draft_step_s: Annotated[float, Field(gt=0)] = 0.0015
+    """One draft forward: about one target layer's share of the step floor (0.077 s / 61)."""
+    draft_step_per_request_s: Annotated[float, Field(ge=0)] = 0.000003
+
+
 class Profile(_Strict):
     """One launch profile. ``name`` and ``source`` are filled in by the loader."""
 
@@ -148,6 +177,13 @@ class Profile(_Strict):
     model: ModelSection
     hardware: HardwareSection
     throughput: ThroughputSection = ThroughputSection()
+    draft: DraftSection | None = None
+    """Present exactly when ``sglang_args`` turns speculative decoding on."""
+    evidence: Literal["measured", "arithmetic", "unverified"] | None = None
+    """How much of the row is known: measured on the rig, arithmetic on measured inputs, or
+    resting on something never run."""
+    settle: str = ""
+    """The one measurement on a real rig that would settle this profile's row."""
 
     @field_validator("sglang_args")
     @classmethod
@@ -205,9 +241,55 @@ class Profile(_Strict):
                     f"hardware.dp_attention_extra_gib: no entry for dp {dp} (the extra attention "
                     "and embedding weights each GPU holds under DP attention)"
                 )
+        problems += self._speculative_problems()
         if problems:
             raise ValueError("; ".join(problems))
         return self
+
+    def _speculative_problems(self) -> list[str]:
+        args, problems = self.sglang_args, []
+        algorithm = args.get("speculative-algorithm")
+        if algorithm is None:
+            if self.draft is not None:
+                problems.append("[draft] needs sglang_args.speculative-algorithm")
+            return problems
+        if algorithm not in ("EAGLE3", "EAGLE"):
+            problems.append("sglang_args.speculative-algorithm: the planner models EAGLE/EAGLE3")
+        if self.draft is None:
+            problems.append("speculative-algorithm needs a [draft] table (the planner's facts)")
+        elif self.draft.name != args.get("speculative-draft-model-path"):
+            problems.append("draft.name must equal sglang_args.speculative-draft-model-path")
+        for key in (
+            "speculative-num-steps",
+            "speculative-eagle-topk",
+            "speculative-num-draft-tokens",
+        ):
+            value = args.get(key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                problems.append(f"sglang_args.{key}: set it (a positive integer)")
+        if "max-running-requests" not in args:
+            problems.append(
+                "sglang_args.max-running-requests: set it; SGLang resets it to 48 under "
+                "speculative decoding"
+            )
+        if self.dcp_size > 1:
+            problems.append(
+                "speculative decoding with dcp-size > 1: sglang 0.5.15.post1 refuses any "
+                "speculative algorithm with DCP on CUDA (server_args._handle_dcp_validation)"
+            )
+        if self.sglang_version == "0.5.9" and "kimi-k2.5" in self.model_path.lower():
+            problems.append(
+                "sglang_version 0.5.9: its KimiK25ForConditionalGeneration lacks the EAGLE-3 "
+                "hooks (set_eagle3_layers_to_capture, get_embed_and_head); pin 0.5.15.post1"
+            )
+        steps, topk = args.get("speculative-num-steps"), args.get("speculative-eagle-topk")
+        tokens = args.get("speculative-num-draft-tokens")
+        if topk == 1 and isinstance(steps, int) and tokens != steps + 1:
+            problems.append(
+                "sglang_args.speculative-num-draft-tokens: with top-k 1 SGLang forces it to "
+                "num-steps + 1; write that"
+            )
+        return problems
 
     # --- what the planner and the launcher read --------------------------------------------
 
@@ -256,6 +338,11 @@ class Profile(_Strict):
             if isinstance(value, int) and not isinstance(value, bool):
                 return value
         return None
+
+    @property
+    def speculative_algorithm(self) -> str | None:
+        value = self.sglang_args.get("speculative-algorithm")
+        return str(value) if value is not None else None
 
     def _number(self, key: str, default: float) -> float:
         value = self.sglang_args.get(key, default)

@@ -42,6 +42,9 @@ class GenerateResult:
     e2e_latency: float | None
     weight_version: str | None
     completed_at: float = field(default_factory=time.monotonic)
+    spec_verify_ct: int | None = None
+    """Speculative verify steps SGLang ran for this answer (``meta_info.spec_verify_ct``); None
+    without speculative decoding, and when no verify step ran (a one-token answer)."""
 
 
 def error_message(content: bytes) -> str:
@@ -101,4 +104,13 @@ def parse_generate_item(item: Any, input_ids: list[int], rid: str, server: str) 
         cached_tokens=cached if isinstance(cached, int) else None,
         e2e_latency=float(latency) if isinstance(latency, (int, float)) else None,
         weight_version=meta.get("weight_version"),
+        spec_verify_ct=_spec_verify_ct(meta),
     )
+
+
+def _spec_verify_ct(meta: dict[str, Any]) -> int | None:
+    """SGLang (0.5.9 and 0.5.15 ``tokenizer_manager._calculate_spec_decoding_metrics``) puts
+    ``spec_verify_ct`` in the final chunk's ``meta_info`` only with a speculative algorithm and at
+    least one verify step; anything but a non-negative int reads as unknown."""
+    value = meta.get("spec_verify_ct")
+    return value if type(value) is int and value >= 0 else None

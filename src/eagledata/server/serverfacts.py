@@ -35,6 +35,12 @@ from pydantic import (
 )
 
 from eagledata.errors import ServerRefusedError
+from eagledata.server.speculative import (
+    SpeculativeSettings,
+    format_speculative,
+    settings_from_facts,
+    speculative_guard,
+)
 
 BF16_NAMES = frozenset({"bf16", "bfloat16"})
 BYTES_PER_TOKEN_TOLERANCE = 0.10
@@ -73,6 +79,10 @@ class InternalState(_Facts):
     memory_usage: MemoryUsage | None = None
     effective_max_running_requests_per_dp: Annotated[int | None, Lenient] = None
     last_gen_throughput: Annotated[float | None, Lenient] = None
+    # speculative decoding: the scheduler's run-time copy of the thresholds, and its acceptance
+    speculative_accept_threshold_single: Annotated[float | None, Lenient] = None
+    speculative_accept_threshold_acc: Annotated[float | None, Lenient] = None
+    avg_spec_accept_length: Annotated[float | None, Lenient] = None
 
     @property
     def bytes_per_token(self) -> float | None:
@@ -101,6 +111,28 @@ class ServerFacts(_Facts):
     max_req_input_len: Annotated[int | None, Lenient] = None
     context_length: Annotated[int | None, Lenient] = None
     internal_states: list[InternalState] | None = None
+    # speculative decoding (ServerArgs fields; server/speculative.py reads them)
+    speculative_algorithm: Annotated[str | None, Lenient] = None
+    speculative_draft_model_path: Annotated[str | None, Lenient] = None
+    speculative_num_steps: Annotated[int | None, Lenient] = None
+    speculative_eagle_topk: Annotated[int | None, Lenient] = None
+    speculative_num_draft_tokens: Annotated[int | None, Lenient] = None
+    speculative_accept_threshold_single: Annotated[float | None, Lenient] = None
+    speculative_accept_threshold_acc: Annotated[float | None, Lenient] = None
+
+    @property
+    def speculative(self) -> SpeculativeSettings | None:
+        """Speculative decoding settings and measured acceptance; None when it is off."""
+        return settings_from_facts(
+            algorithm=self.speculative_algorithm,
+            draft_model_path=self.speculative_draft_model_path,
+            num_steps=self.speculative_num_steps,
+            eagle_topk=self.speculative_eagle_topk,
+            num_draft_tokens=self.speculative_num_draft_tokens,
+            accept_threshold_single=self.speculative_accept_threshold_single,
+            accept_threshold_acc=self.speculative_accept_threshold_acc,
+            rank_accept_lengths=[s.avg_spec_accept_length for s in self.internal_states or []],
+        )
 
     @classmethod
     def from_server_info(cls, body: object) -> ServerFacts:
@@ -261,6 +293,19 @@ def evaluate_kv_guard(
             f"{bf16_bytes_per_token:,} (fp8 would be {bf16_bytes_per_token // 2:,})"
         )
 
+    speculative = facts.speculative
+    if speculative is not None:
+        spec_problems, spec_notes = speculative_guard(
+            speculative,
+            requested_kv_dtype=requested,
+            rank_thresholds=[
+                (s.speculative_accept_threshold_single, s.speculative_accept_threshold_acc)
+                for s in states
+            ],
+        )
+        problems += spec_problems
+        notes += spec_notes
+
     if expected_model is not None:
         served = facts.model_path
         if served is None:
@@ -343,6 +388,7 @@ def format_facts(facts: ServerFacts, verdict: GuardVerdict) -> str:
             ),
         ),
         ("bytes per KV token", bpt),
+        ("speculative decoding", format_speculative(facts.speculative)),
         ("verdict", verdict.summary()),
     ]
     rows += [("note", note) for note in verdict.notes]

@@ -62,6 +62,8 @@ def _item_json(
         "e2e_latency": asyncio.get_running_loop().time() - arrived,
         "response_sent_to_client_ts": time.time(),
     }
+    if finish is not None:  # SGLang adds spec_* to the final chunk only
+        meta.update(state.spec_tally.finish(state.config.speculative, item.rid, len(ids)))
     if state.config.skip_tokenizer_init:
         return {"output_ids": ids, "meta_info": meta}
     trim = finish is not None and finish.get("type") == "stop" and not spec.no_stop_trim
@@ -237,7 +239,17 @@ async def health(request: web.Request) -> web.Response:
 async def get_server_info(request: web.Request) -> web.Response:
     state = request.app[STATE]
     throughput = state.scheduler.gen_throughput()
-    return _json(server_info(state.config, host=state.host, port=state.port, throughput=throughput))
+    tally = state.spec_tally
+    return _json(
+        server_info(
+            state.config,
+            host=state.host,
+            port=state.port,
+            throughput=throughput,
+            spec_tokens=tally.tokens,
+            spec_verify_ct=tally.verify_ct,
+        )
+    )
 
 
 async def get_model_info(request: web.Request) -> web.Response:

@@ -16,6 +16,8 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from eagledata.errors import ConfigError
+from eagledata.simserver import speculative as spec_sim
+from eagledata.simserver.speculative import SimSpeculative
 
 BF16_BYTES_PER_TOKEN = 70_272
 """Kimi-K2.5 / DeepSeek-V3 MLA latent: (512 + 64) values x 61 layers x 2 bytes, per GPU."""
@@ -68,6 +70,10 @@ class SimConfig(BaseModel):
     api_key: str | None = None
     """``--api-key``: every route but ``/health*``, ``/metrics`` (and ``/_sim/*``) then needs
     ``Authorization: Bearer KEY``; anything else gets 401 ``{"error": "Unauthorized"}``."""
+
+    # --- speculative decoding (simserver/speculative.py) -------------------------------------
+    speculative: SimSpeculative | None = None
+    """Report EAGLE-3 speculative decoding at a configured acceptance length; None: off."""
 
     # --- behaviour ------------------------------------------------------------------------------
     latency_s: float = Field(default=0.0, ge=0.0)
@@ -336,7 +342,15 @@ def _find_eos(path: Path, tokenizer: Any) -> int:
 # --- what the server reports about itself -------------------------------------------------------
 
 
-def server_info(config: SimConfig, *, host: str, port: int, throughput: float) -> dict[str, Any]:
+def server_info(
+    config: SimConfig,
+    *,
+    host: str,
+    port: int,
+    throughput: float,
+    spec_tokens: int = 0,
+    spec_verify_ct: int = 0,
+) -> dict[str, Any]:
     """``/server_info``: flat ServerArgs keys, rank-0 scheduler info, internal_states, version."""
     pool, bpt = config.max_total_num_tokens, config.bytes_per_token()
     args: dict[str, Any] = {
@@ -372,6 +386,7 @@ def server_info(config: SimConfig, *, host: str, port: int, throughput: float) -
         "stream_output": False,
         "stream_interval": 1,
         "trust_remote_code": True,
+        **spec_sim.server_args(config.speculative),
     }
     internal = {
         **args,
@@ -384,6 +399,12 @@ def server_info(config: SimConfig, *, host: str, port: int, throughput: float) -
             "graph": 2.1,
         },
         "effective_max_running_requests_per_dp": config.running_limit_per_rank(),
+        **spec_sim.internal_state(
+            config.speculative,
+            requested_kv_dtype=config.kv_cache_dtype,
+            tokens=spec_tokens,
+            verify_ct=spec_verify_ct,
+        ),
     }
     return {
         **args,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from eagledata.simserver.speculative import metrics_lines
 from eagledata.simserver.state import SimState
 
 GAUGES = (
@@ -43,6 +44,8 @@ def render_metrics(state: SimState) -> str:
     for index, (metric, help_text) in enumerate(GAUGES):
         lines += [f"# HELP sglang:{metric} {help_text}", f"# TYPE sglang:{metric} gauge"]
         lines += [f"sglang:{metric}{{{labels}}} {float(v[index])}" for labels, v in rows]
+    accept = state.spec_tally.accept_length
+    lines += metrics_lines(config.speculative, [labels for labels, _ in rows], accept)
     for metric, attr in COUNTERS:
         lines += [f"# HELP sglang:{metric} {metric}.", f"# TYPE sglang:{metric} counter"]
         lines.append(f"sglang:{metric}{{{name}}} {float(getattr(stats, attr))}")

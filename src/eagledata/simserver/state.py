@@ -10,6 +10,7 @@ from aiohttp import web
 from eagledata.simserver.answers import AnswerLedger
 from eagledata.simserver.config import ModelSpec, SimConfig, resolve_model
 from eagledata.simserver.scheduler import RUNNING, Scheduler
+from eagledata.simserver.speculative import SpecTally
 
 
 @dataclass
@@ -23,6 +24,7 @@ class SimState:
     attempts: dict[bytes, int] = field(default_factory=dict)
     answers: AnswerLedger = field(default_factory=AnswerLedger)
     """Each answer's drawn shape and whether it was produced degraded (ground truth)."""
+    spec_tally: SpecTally = field(default_factory=SpecTally)
 
 
 STATE = web.AppKey("sim_state", SimState)
