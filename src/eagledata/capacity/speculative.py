@@ -18,7 +18,8 @@ spec_verify_ct``)::
 
 At small N the floor ``a`` dominates both steps, so the speedup approaches ``L * a / (a + draft)``;
 as N grows the verify's ``b * N * k`` term grows k times faster than plain decode's, and the
-speedup shrinks toward ``L / k`` (below 1: at a large enough batch, speculation costs throughput).
+speedup shrinks toward ``L b / (k b + (steps + 1) d_n topk)``, about ``L / k`` (below 1: at a
+large enough batch, speculation costs throughput; with the defaults past ~600 running requests).
 Charging every verified token a full request's ``b`` is pessimistic for the KV read (a request's
 latent is read once per verify, however many tokens it checks) and optimistic for expert coverage
 at small batches (more tokens touch more of the 384 experts); only a real run settles it, and

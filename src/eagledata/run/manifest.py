@@ -30,6 +30,7 @@ import orjson
 from eagledata import __version__
 from eagledata.config import FrozenSettings
 from eagledata.errors import RunDirError
+from eagledata.run.acceptance import Acceptance
 from eagledata.run.writer import (
     SHARD_PATTERN,
     Journal,
@@ -88,6 +89,8 @@ class RunTotals:
     # The span of completion times, for the overall rate in ``status --json``.
     first_created: float | None = None
     last_created: float | None = None
+    # Speculative decoding: completion tokens over verify counts (run/acceptance.py)
+    acceptance: Acceptance = field(default_factory=Acceptance)
 
     def flags_line(self) -> str:
         """``flags: degenerate 3 (0.3%), truncated 12 (1.2%)``, or ``flags: none``."""
@@ -160,6 +163,7 @@ def scan_totals(run_dir: Path, recent_window_s: float = 600.0) -> RunTotals:
                 totals.last_created = created
             if created >= horizon:
                 totals.recent.append((created, record["completion_tokens"]))
+            totals.acceptance.add(record, recent=created >= horizon)
     failures = run_dir / "failures.jsonl"
     if failures.is_file():
         for line in iter_jsonl_lines(failures):

@@ -144,6 +144,9 @@ class StatusReport:
     flags: dict[str, int] = field(default_factory=dict)
     canary: dict[str, Any] = field(default_factory=dict)
     load: dict[str, Any] | None = None
+    speculative: str | None = None
+    """Measured speculative acceptance length, when records carry verify counts."""
+    speculative_json: dict[str, Any] | None = None
 
     @property
     def left(self) -> int | None:
@@ -177,6 +180,8 @@ class StatusReport:
             f"{self.recent_rec_per_s * 3600:,.0f} records/h (last 10 min)",
             f"eta:      {eta}",
         ]
+        if self.speculative is not None:
+            lines.append(f"spec:     {self.speculative}")
         return "\n".join(lines)
 
     def to_json(self) -> dict[str, Any]:
@@ -197,6 +202,7 @@ class StatusReport:
             "failure_reasons": dict(self.failure_reasons),
             "quality": {"flags": dict(self.flags), "canary": dict(self.canary)},
             "load": self.load,
+            "speculative": self.speculative_json,
         }
 
 
@@ -319,6 +325,8 @@ def run_status(path: Path, window_s: float = 600.0) -> StatusReport:
         flags=totals.flags,
         canary=canary_summary(path, manifest),
         load=latest_load(path),
+        speculative=totals.acceptance.line(),
+        speculative_json=totals.acceptance.to_json(),
     )
 
 
