@@ -17,9 +17,10 @@ from conftest import REPO, SAMPLES, make_config, read_records, sim_config
 from eagledata.capacity import REFERENCE_WORKLOAD, plan_profiles
 from eagledata.capacity.speculative import SPEEDUP_BATCHES, SpecModel
 from eagledata.cli import app
-from eagledata.errors import ConfigError
+from eagledata.errors import ConfigError, LaunchError
 from eagledata.run import pipeline
 from eagledata.run.verify import run_status
+from eagledata.server.launch import build_launch_command
 from eagledata.server.profiles import ThroughputSection, load_profiles, parse_profile
 from eagledata.server.serverfacts import ServerFacts, evaluate_kv_guard
 from eagledata.server.sglang_flags import DCP_SGLANG_VERSION, contract_path, load_contract
@@ -86,6 +87,22 @@ def test_speculative_profile_errors(mutate: Any, message: str) -> None:
     mutate(data)
     with pytest.raises(ConfigError, match=re.escape(message)):
         parse_profile(data, name="bad")
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ["--speculative-accept-threshold-single", "0.5"],
+        ["--speculative-accept-threshold-acc=0.9"],
+        ["--speculative-accept-threshold-s", "0"],
+    ],
+)
+def test_launch_refuses_lossy_acceptance_thresholds(extra: list[str]) -> None:
+    profile = load_profiles(["kimi-k25-tp8-eagle3"], PROFILES_DIR)[0]
+    with pytest.raises(LaunchError, match="relaxed speculative acceptance is lossy"):
+        build_launch_command(profile, extra)
+    # the exact default passes through
+    build_launch_command(profile, ["--speculative-accept-threshold-single", "1.0"])
 
 
 # --- the step-cost model --------------------------------------------------------------------

@@ -46,6 +46,10 @@ _SCALES_FLAG = "--quantization-param-path"
 _SCALES_MIN_PREFIX = len("--quantization-")
 _CONFIG_FLAG = "--config"
 _CONFIG_MIN_PREFIX = len("--conf")
+# Relaxed speculative acceptance (below SGLang's default 1.0) trades the target distribution for
+# speed: lossy like an fp8 KV cache (server/speculative.py). Shortest unique argparse prefixes.
+_THRESHOLD_FLAGS = ("--speculative-accept-threshold-single", "--speculative-accept-threshold-acc")
+_THRESHOLD_MIN_PREFIX = len("--speculative-accept-threshold-s")
 _MODEL_FLAGS = ("--model-path", "--model")
 
 ProgressCallback = Callable[[str], None]
@@ -96,6 +100,18 @@ def check_server_args(argv: Sequence[str]) -> None:
                 f"refused {name}: it loads KV scaling factors, used only by an fp8 KV cache; "
                 f"{KV_REASON}. Fix: remove it"
             )
+        elif any(_is_prefix_of(name, f, _THRESHOLD_MIN_PREFIX) for f in _THRESHOLD_FLAGS):
+            value = inline if has_value else (argv[i] if i < len(argv) else "")
+            try:
+                lossless = float(value) >= 1.0
+            except ValueError:
+                lossless = False
+            if not lossless:
+                raise LaunchError(
+                    f"refused {name} {value}: relaxed speculative acceptance is lossy (the "
+                    "answers stop following the target model's distribution). Fix: remove it; "
+                    "SGLang's default 1.0 is exact"
+                )
         elif _is_prefix_of(name, _CONFIG_FLAG, _CONFIG_MIN_PREFIX):
             raise LaunchError(
                 f"refused {name}: a YAML config can set kv-cache-dtype out of sight of this "
