@@ -256,6 +256,9 @@ def test_records_keep_verify_counts_and_status_measures_acceptance(
     assert status.speculative is not None
     assert status.speculative.startswith(f"acceptance {measured:.2f} tokens/verify step")
     assert "spec:     acceptance" in status.render()
+    spec_json = status.to_json()["speculative"]
+    assert spec_json["accept_length"] == pytest.approx(measured)
+    assert spec_json["records"] == len(counted) and spec_json["verify_ct"] == verify
     # the server's own figure, what plan --server reads, agrees with the records
     assert facts.speculative is not None
     assert facts.speculative.accept_length == pytest.approx(measured)
