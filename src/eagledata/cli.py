@@ -362,6 +362,48 @@ def sim_server(
     run_sim_server(sim_config, host, port)
 
 
+@app.command()
+def export(
+    run_dirs: Annotated[list[Path], typer.Argument(help="Run directories, into one output")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Output file (a folder for hf)")],
+    format: Annotated[
+        str, typer.Option("--format", "-f", help="ids (token-faithful), hf, conversations, text")
+    ] = "ids",
+    keep: Annotated[
+        list[str] | None,
+        typer.Option(help="Keep records with this flag (empty, degenerate are left out); repeat"),
+    ] = None,
+    max_length: Annotated[
+        int | None, typer.Option(help="Leave out (and count) rows longer than this")
+    ] = None,
+    tokenizer: Annotated[
+        str | None, typer.Option(help="Tokenizer for conversations/text (default: the run's)")
+    ] = None,
+    force: Annotated[bool, typer.Option(help="Replace an existing output")] = False,
+    token_counts: Annotated[
+        bool, typer.Option(help="Also write counts of the supervised token ids")
+    ] = False,
+    draft_vocab_size: Annotated[
+        int | None,
+        typer.Option(help="Also write SpecForge's d2t/t2d vocab mapping (needs torch)"),
+    ] = None,
+) -> None:
+    """Hand the exact ids to a trainer: SpecForge, speculators, HF datasets."""
+    from eagledata.export import ExportOptions, export_runs
+
+    options = ExportOptions(
+        format=format,
+        keep=tuple(keep or ()),
+        max_length=max_length,
+        tokenizer=tokenizer,
+        force=force,
+        token_counts=token_counts,
+        draft_vocab_size=draft_vocab_size,
+    )
+    report = guarded(lambda: export_runs(run_dirs, out, options))
+    typer.echo(report.render())
+
+
 def main() -> None:
     # transformers warns at import that PyTorch is absent; eagledata needs only its tokenizers.
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")

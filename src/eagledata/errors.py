@@ -79,6 +79,12 @@ class LaunchError(EagledataError):
     exit_code = 6
 
 
+class ExportError(EagledataError):
+    """``eagledata export`` cannot run as asked: bad option, unusable output path, no tokenizer."""
+
+    exit_code = 2
+
+
 # --- per item: never fatal ------------------------------------------------------------------
 
 

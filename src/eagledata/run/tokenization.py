@@ -68,6 +68,11 @@ class PromptTokenizer:
                 f"tokenizer {settings.name!r} has no chat template; use the model's own tokenizer"
             )
 
+    @property
+    def hf(self) -> Any:
+        """The ``transformers`` tokenizer itself, for readers of a run (export decodes with it)."""
+        return self._tokenizer
+
     def encode(self, messages: list[Message]) -> list[int]:
         kwargs: dict[str, Any] = dict(self.settings.chat_template_kwargs)
         try:

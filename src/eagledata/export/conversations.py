@@ -1,0 +1,147 @@
+"""``--format conversations``: messages for trainers that only take conversations (lossy).
+
+For SpecForge's offline hidden states (``prepare_hidden_states.py``), ModelOpt and other trainers
+that re-render messages with the chat template and re-tokenize them. Each line is
+``{"id", "status": "success", "conversations": [...prompt messages as sent..., {"role":
+"assistant", "content": answer, "reasoning_content": thinking}]}``.
+
+The answer is built from ``output_ids``, never from ``text`` (a server decoding with
+``skip_special_tokens`` deletes special think tags from ``text``): the stop token is dropped, the
+ids are split at the first think-end token, and each side is decoded with the run's tokenizer,
+surrounding whitespace stripped (as SGLang's reasoning parser does), no think markers left in
+either field. The prompt messages are the ones sent, system message included: SpecForge injects its
+template's default system prompt into a conversation without one.
+
+Lossy by construction: the trainer's template decides what it renders. A template that drops
+``reasoning_content`` when it renders history (Kimi-K2/K2.5: SpecForge's own fixture shows an empty
+``<think></think>`` in every assistant turn) trains the drafter on none of the thinking tokens.
+That is probed on the run's own template, warned about and counted in the report.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from eagledata.export.ids import RowIdentity
+
+THINK_START = "<think>"
+THINK_END = "</think>"
+NO_ANSWER = "no_answer"
+_PROBE_REASONING = "eagledata-reasoning-probe-7f3a"
+_PROBE_ANSWER = "eagledata-answer-probe-7f3a"
+
+
+def single_token_id(tokenizer: Any, token: str) -> int | None:
+    """The id of ``token`` if the tokenizer has it as one token, else None."""
+    ids = tokenizer.encode(token, add_special_tokens=False)
+    return int(ids[0]) if len(ids) == 1 else None
+
+
+@dataclass(frozen=True, slots=True)
+class AnswerParts:
+    reasoning: str
+    content: str
+    reasoning_tokens: int
+
+
+class ThinkSplitter:
+    """Splits ``output_ids`` into thinking and answer at the model's think-end token."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.think_start = single_token_id(tokenizer, THINK_START)
+        self.think_end = single_token_id(tokenizer, THINK_END)
+        self.special_ids = frozenset(int(i) for i in getattr(tokenizer, "all_special_ids", []))
+
+    @property
+    def has_thinking(self) -> bool:
+        return self.think_end is not None
+
+    def _decode(self, ids: Sequence[int]) -> str:
+        text = self.tokenizer.decode(
+            list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False
+        )
+        return str(text).strip()
+
+    def _without_stop(self, record: dict[str, Any]) -> list[int]:
+        output: list[int] = list(record["output_ids"])
+        if output and record.get("finish_reason") == "stop":
+            last = output[-1]
+            if last == record.get("matched_token_id") or last in self.special_ids:
+                output.pop()
+        return output
+
+    def _prompt_opens_think(self, prompt: Sequence[int]) -> bool:
+        """True when the generation prompt ends inside a think block (K2.5 prefills ``<think>``)."""
+        if self.think_start is None:
+            return False
+        for token in reversed(prompt):
+            if token == self.think_end:
+                return False
+            if token == self.think_start:
+                return True
+        return False
+
+    def split(self, record: dict[str, Any]) -> AnswerParts:
+        output = self._without_stop(record)
+        if not self.has_thinking:
+            return AnswerParts("", self._decode(output), 0)
+        in_think = self._prompt_opens_think(record["input_ids"])
+        if output and output[0] == self.think_start:  # the model opened the block itself
+            output = output[1:]
+            in_think = True
+        if self.think_end in output:
+            end = output.index(self.think_end)
+            thinking, answer = output[:end], output[end + 1 :]
+        elif in_think:  # cut inside its thinking: no answer yet
+            thinking, answer = output, []
+        else:
+            thinking, answer = [], output
+        return AnswerParts(self._decode(thinking), self._decode(answer), len(thinking))
+
+
+def template_drops_reasoning(tokenizer: Any, template_kwargs: dict[str, Any]) -> bool | None:
+    """Does the chat template lose ``reasoning_content`` when it renders a finished conversation?
+
+    Renders ``[user, assistant(reasoning_content=PROBE)]`` the way a trainer does
+    (``add_generation_prompt=False``) and looks for the probe. None when the template refuses.
+    """
+    messages = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": _PROBE_ANSWER, "reasoning_content": _PROBE_REASONING},
+    ]
+    try:
+        rendered = tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=False, **template_kwargs
+        )
+    except Exception:  # a template may raise_exception() on an unexpected shape
+        return None
+    return _PROBE_REASONING not in str(rendered)
+
+
+class ConversationBuilder:
+    def __init__(self, tokenizer: Any) -> None:
+        self.splitter = ThinkSplitter(tokenizer)
+        self.rows_with_reasoning = 0
+        self.reasoning_tokens = 0
+        self.rows_without_system = 0
+
+    def row(self, record: dict[str, Any], who: RowIdentity) -> dict[str, Any] | str:
+        parts = self.splitter.split(record)
+        if not parts.content:
+            # role validators (SpecForge's validate_row) refuse an empty assistant answer
+            return NO_ANSWER
+        answer: dict[str, str] = {"role": "assistant", "content": parts.content}
+        if self.splitter.has_thinking:
+            answer["reasoning_content"] = parts.reasoning
+        if parts.reasoning:
+            self.rows_with_reasoning += 1
+            self.reasoning_tokens += parts.reasoning_tokens
+        messages = [
+            {"role": str(m["role"]), "content": str(m["content"])} for m in record["messages"]
+        ]
+        if not messages or messages[0]["role"] != "system":
+            self.rows_without_system += 1
+        return {"id": who.id, "status": "success", "conversations": [*messages, answer]}

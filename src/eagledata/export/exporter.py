@@ -1,0 +1,258 @@
+"""Wire an export: open the runs, stream their records through the selection and one format,
+write the data atomically, then the side files and the report.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from eagledata.config import TokenizerSettings
+from eagledata.errors import ExportError
+from eagledata.export.conversations import ConversationBuilder, template_drops_reasoning
+from eagledata.export.hf import write_hf_dataset
+from eagledata.export.ids import RowIdentity, ids_row
+from eagledata.export.output import (
+    atomic_target,
+    check_target,
+    side_path,
+    write_bytes_atomic,
+)
+from eagledata.export.report import ExportReport, RunCounts, add_generation_outcomes
+from eagledata.export.selection import DUPLICATE, Selection
+from eagledata.export.text import TextBuilder
+from eagledata.export.vocab import (
+    check_torch_available,
+    count_supervised,
+    draft_vocab_mapping,
+    token_counts_json,
+    write_vocab_mapping,
+)
+from eagledata.run.reader import RunRecords
+
+FORMATS = ("ids", "hf", "conversations", "text")
+RowBuilder = Callable[[dict[str, Any], RowIdentity], "dict[str, Any] | str"]
+
+
+@dataclass(frozen=True)
+class ExportOptions:
+    format: str = "ids"
+    keep: tuple[str, ...] = ()
+    max_length: int | None = None
+    tokenizer: str | None = None
+    """Tokenizer name or dir; default: the one the runs were generated with."""
+    force: bool = False
+    token_counts: bool = False
+    draft_vocab_size: int | None = None
+
+
+def _open_runs(run_dirs: Sequence[Path]) -> list[RunRecords]:
+    if not run_dirs:
+        raise ExportError("no run directory given; pass one or more RUN_DIRs")
+    runs = [RunRecords(path) for path in run_dirs]
+    seen: dict[Path, Path] = {}
+    for run in runs:
+        resolved = run.path.resolve()
+        if resolved in seen:
+            raise ExportError(f"{run.path} is given twice; pass each run directory once")
+        seen[resolved] = run.path
+    if len(runs) > 1:
+        names: dict[str, Path] = {}
+        for run in runs:
+            name = run.path.resolve().name
+            if name in names:
+                raise ExportError(
+                    f"{names[name]} and {run.path} have the same name, so their row ids would "
+                    "collide; rename one of the run directories"
+                )
+            names[name] = run.path
+    return runs
+
+
+def _tokenizer(runs: list[RunRecords], override: str | None) -> tuple[Any, dict[str, Any]]:
+    """The runs' own tokenizer (they must share one) and its chat-template kwargs."""
+    from eagledata.run.tokenization import PromptTokenizer
+
+    settings = {run.path: run.frozen().tokenizer for run in runs}
+    if override is not None:
+        chosen = TokenizerSettings(name=override)
+    else:
+        distinct = {s.model_dump_json() for s in settings.values()}
+        if len(distinct) > 1:
+            names = ", ".join(sorted({s.name for s in settings.values()}))
+            raise ExportError(
+                f"the runs were generated with different tokenizers ({names}); export them "
+                "separately, or pass --tokenizer"
+            )
+        chosen = next(iter(settings.values()))
+    return PromptTokenizer(chosen).hf, dict(chosen.chat_template_kwargs)
+
+
+def _identity(record: dict[str, Any], label: str | None) -> RowIdentity:
+    record_id = str(record["id"])
+    if "dataset" in record and "row_id" in record:
+        primary = f"{record['dataset']}/{record['row_id']}"
+    else:
+        primary = record_id.rsplit("/", 1)[0]
+    if label is None:
+        return RowIdentity(record_id, primary, "")
+    return RowIdentity(f"{label}/{record_id}", f"{label}/{primary}", label)
+
+
+def _rows(
+    runs: list[RunRecords],
+    selection: Selection,
+    build: RowBuilder,
+    report: ExportReport,
+    counts: Counter[int] | None,
+) -> Iterator[dict[str, Any]]:
+    """Every exported row, in run then shard order; counts everything into ``report``."""
+    seen: set[str] = set()
+    several = len(runs) > 1
+    for run in runs:
+        label = run.path.resolve().name
+        counts_of_run = RunCounts(run_dir=str(run.path), label=label)
+        report.runs.append(counts_of_run)
+        for record in run.records():
+            counts_of_run.records += 1
+            who = _identity(record, label if several else None)
+            reason = selection.skip_reason(record)
+            if reason is None and who.id in seen:
+                reason = DUPLICATE
+            row = build(record, who) if reason is None else reason
+            if isinstance(row, str):
+                report.skipped_row(counts_of_run, row, who.id)
+                continue
+            seen.add(who.id)
+            output = record["output_ids"]
+            if counts is not None:
+                count_supervised(counts, output)
+            report.exported_row(
+                counts_of_run,
+                len(record["input_ids"]) + len(output),
+                len(output),
+                str(record.get("finish_reason")),
+            )
+            yield row
+        outcomes = run.outcomes()
+        counts_of_run.planned = outcomes.planned
+        counts_of_run.plan_complete = outcomes.plan_complete
+        add_generation_outcomes(counts_of_run, outcomes.failed, outcomes.skipped)
+        if not outcomes.plan_complete:
+            report.warnings.append(
+                f"{run.path} has not finished its plan; this export holds what it had so far"
+            )
+
+
+def _write_jsonl(rows: Iterator[dict[str, Any]], path: Path) -> None:
+    with path.open("wb", buffering=1 << 20) as handle:
+        for row in rows:
+            handle.write(orjson.dumps(row))
+            handle.write(b"\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def export_runs(run_dirs: Sequence[Path], out: Path, options: ExportOptions) -> ExportReport:
+    if options.format not in FORMATS:
+        raise ExportError(
+            f"--format {options.format}: unknown format; use one of {', '.join(FORMATS)}"
+        )
+    selection = Selection.build(options.keep, options.max_length)
+    if options.draft_vocab_size is not None:
+        check_torch_available()
+    runs = _open_runs(run_dirs)
+    is_dir = options.format == "hf"
+    check_target(out, is_dir=is_dir, force=options.force, run_dirs=[r.path for r in runs])
+
+    tokenizer: Any = None
+    template_kwargs: dict[str, Any] = {}
+    if options.format in ("conversations", "text") or options.draft_vocab_size is not None:
+        tokenizer, template_kwargs = _tokenizer(runs, options.tokenizer)
+
+    report = ExportReport(
+        format=options.format,
+        output=str(out),
+        report_path=str(side_path(out, "export.json")),
+        excluded_flags=sorted(selection.excluded),
+        max_length=selection.max_length,
+    )
+    conversations: ConversationBuilder | None = None
+    build: RowBuilder
+    if options.format == "conversations":
+        conversations = ConversationBuilder(tokenizer)
+        build = conversations.row
+    elif options.format == "text":
+        build = TextBuilder(tokenizer).row
+    else:
+        build = ids_row
+
+    counts: Counter[int] | None = (
+        Counter() if options.token_counts or options.draft_vocab_size is not None else None
+    )
+    rows = _rows(runs, selection, build, report, counts)
+    with atomic_target(out, is_dir=is_dir) as tmp:
+        if is_dir:
+            write_hf_dataset(rows, tmp)
+        else:
+            _write_jsonl(rows, tmp)
+    report.files["data"] = str(out)
+
+    if counts is not None and options.token_counts:
+        path = side_path(out, "token_counts.json")
+        write_bytes_atomic(path, token_counts_json(counts))
+        report.files["token counts"] = str(path)
+    if counts is not None and options.draft_vocab_size is not None:
+        d2t, t2d = draft_vocab_mapping(counts, options.draft_vocab_size, len(tokenizer))
+        path = side_path(out, "vocab_mapping.pt")
+        write_vocab_mapping(d2t, t2d, path)
+        report.files["vocab mapping"] = str(path)
+
+    if conversations is not None:
+        _note_conversations(report, conversations, tokenizer, template_kwargs)
+    elif options.format == "text":
+        report.lossy = {
+            "route": "text",
+            "why": "the trainer re-tokenizes the text and builds its mask from its template's "
+            "assistant pattern; rows that do not re-encode to the exact ids were skipped",
+        }
+    write_bytes_atomic(
+        Path(report.report_path),
+        orjson.dumps(report.to_json(), option=orjson.OPT_INDENT_2),
+    )
+    return report
+
+
+def _note_conversations(
+    report: ExportReport,
+    builder: ConversationBuilder,
+    tokenizer: Any,
+    template_kwargs: dict[str, Any],
+) -> None:
+    drops = template_drops_reasoning(tokenizer, template_kwargs)
+    report.lossy = {
+        "route": "conversations",
+        "why": "the trainer re-renders the messages with a chat template and re-tokenizes them",
+        "template_drops_reasoning": drops,
+        "rows_with_reasoning": builder.rows_with_reasoning,
+        "reasoning_tokens": builder.reasoning_tokens,
+        "rows_without_system": builder.rows_without_system,
+    }
+    if drops and builder.rows_with_reasoning:
+        report.warnings.append(
+            f"the chat template drops reasoning_content when it renders a conversation: a "
+            f"trainer that re-renders these rows trains on none of the "
+            f"{builder.reasoning_tokens:,} thinking tokens of {builder.rows_with_reasoning:,} "
+            "rows; use --format ids (token-faithful) instead"
+        )
+    if builder.rows_without_system:
+        report.warnings.append(
+            f"{builder.rows_without_system:,} rows were generated without a system message; "
+            "SpecForge inserts its template's default system prompt into them"
+        )

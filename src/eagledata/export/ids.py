@@ -1,0 +1,46 @@
+"""``--format ids``: the token-faithful route, one JSONL file both SpecForge and speculators read.
+
+Each line is ``{"id", "primary_id", "input_ids": P + O, "loss_mask": [0]*|P| + [1]*|O|,
+"metadata"}``, P the record's ``input_ids`` (exactly the ids sent), O its ``output_ids`` (exactly
+the ids returned, stop token included and supervised). The mask is token-aligned and unshifted:
+``loss_mask[i] == 1`` iff ``input_ids[i]`` was generated; the trainers shift it themselves.
+
+Readers, from their own source (docs/../reference/export-formats.md): SpecForge 0.2.0
+``prepare_prompt_tasks`` (``data.prompts_path``) treats a file whose first record has both keys as
+pre-tokenized and ignores every other key; speculators ``prepare-data --data`` passes such rows
+through and drops the other columns. Both read one file, hence one file for all shards and runs.
+The metadata keeps fixed types on every row so Arrow (``datasets.load_dataset("json")``) can
+infer one schema.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class RowIdentity:
+    """Who a row is in the export: unique across every run exported together."""
+
+    id: str
+    primary_id: str
+    run: str
+
+
+def ids_row(record: dict[str, Any], who: RowIdentity) -> dict[str, Any]:
+    prompt: list[int] = record["input_ids"]
+    output: list[int] = record["output_ids"]
+    return {
+        "id": who.id,
+        "primary_id": who.primary_id,
+        "input_ids": prompt + output,
+        "loss_mask": [0] * len(prompt) + [1] * len(output),
+        "metadata": {
+            "run": who.run,
+            "record_id": str(record["id"]),
+            "finish_reason": str(record.get("finish_reason")),
+            "prompt_tokens": len(prompt),
+            "completion_tokens": len(output),
+        },
+    }

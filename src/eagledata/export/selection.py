@@ -1,0 +1,68 @@
+"""Which records an export keeps, and why each of the others is left out.
+
+Records carry quality ``flags`` (docs/run-directory.md); a run made before flags existed has no
+``flags`` key, which reads as no flags. ``empty`` and ``degenerate`` answers are left out unless
+the user keeps them; rows longer than the trainer's ``max_length`` are left out and counted, since
+a trainer would cut them (SpecForge, speculators) and train on a tail-less answer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from eagledata.errors import ExportError
+
+KNOWN_FLAGS = ("truncated", "empty", "degenerate", "roundtrip_mismatch", "unbalanced_think")
+EXCLUDED_BY_DEFAULT = frozenset({"empty", "degenerate"})
+
+# Skip reasons of the export itself (generation outcomes are named in report.py).
+MALFORMED = "malformed_record"
+NO_OUTPUT = "no_output_ids"
+TOO_LONG = "too_long"
+DUPLICATE = "duplicate_id"
+
+
+def flag_reason(flag: str) -> str:
+    return f"flag:{flag}"
+
+
+def record_flags(record: dict[str, Any]) -> list[str]:
+    flags = record.get("flags")
+    return [str(flag) for flag in flags] if isinstance(flags, list) else []
+
+
+@dataclass(frozen=True)
+class Selection:
+    excluded: frozenset[str]
+    max_length: int | None
+
+    @classmethod
+    def build(cls, keep: Iterable[str] = (), max_length: int | None = None) -> Selection:
+        kept = set(keep)
+        unknown = sorted(kept - set(KNOWN_FLAGS))
+        if unknown:
+            raise ExportError(
+                f"--keep {unknown[0]}: unknown flag; use one of {', '.join(KNOWN_FLAGS)}"
+            )
+        if max_length is not None and max_length < 1:
+            raise ExportError(f"--max-length {max_length}: must be a positive number of tokens")
+        return cls(excluded=EXCLUDED_BY_DEFAULT - kept, max_length=max_length)
+
+    def skip_reason(self, record: dict[str, Any]) -> str | None:
+        """Why ``record`` is left out, or None to export it."""
+        prompt, output = record.get("input_ids"), record.get("output_ids")
+        if not (isinstance(prompt, list) and isinstance(output, list) and prompt):
+            return MALFORMED
+        if record.get("prompt_tokens") != len(prompt) or record.get("completion_tokens") != len(
+            output
+        ):
+            return MALFORMED
+        for flag in sorted(self.excluded.intersection(record_flags(record))):
+            return flag_reason(flag)
+        if not output:  # nothing to supervise: every trainer would drop it silently
+            return NO_OUTPUT
+        if self.max_length is not None and len(prompt) + len(output) > self.max_length:
+            return TOO_LONG
+        return None

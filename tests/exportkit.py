@@ -1,0 +1,102 @@
+"""Run directories for the export tests: real ones (the simulated server) and hand-built ones
+(records with chosen ids, flags and outcomes, written by the real writer and manifest)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from conftest import TOKENIZER
+from eagledata.config import DatasetSettings, FrozenSettings, GenerationSettings, TokenizerSettings
+from eagledata.run.manifest import RunDir
+from eagledata.run.records import failure_entry, record_id
+from eagledata.run.writer import FailureLog, ShardWriter
+
+
+def frozen(dataset: str = "hand", tokenizer: TokenizerSettings | None = None) -> FrozenSettings:
+    return FrozenSettings(
+        dataset_name=dataset,
+        dataset=DatasetSettings(source=f"{dataset}.jsonl"),
+        tokenizer=tokenizer or TokenizerSettings(name=TOKENIZER),
+        generation=GenerationSettings(max_new_tokens=64),
+        limit=None,
+        shard_size=3,
+        expected_model=None,
+        bf16_kv_bytes_per_token=None,
+    )
+
+
+def record(
+    row: str,
+    input_ids: list[int],
+    output_ids: list[int],
+    *,
+    dataset: str = "hand",
+    sample: int = 0,
+    finish: str = "stop",
+    flags: list[str] | None = None,
+    messages: list[dict[str, str]] | None = None,
+    text: str = "",
+) -> dict[str, Any]:
+    """A record as the writer stores it; ``flags=None`` is a run made before flags existed."""
+    item: dict[str, Any] = {
+        "id": record_id(dataset, row, sample),
+        "dataset": dataset,
+        "row_id": row,
+        "sample": sample,
+        "finish_reason": finish,
+        "prompt_tokens": len(input_ids),
+        "completion_tokens": len(output_ids),
+        "created_at": 0.0,
+        "messages": messages or [{"role": "user", "content": f"question {row}"}],
+        "input_ids": input_ids,
+        "output_ids": output_ids,
+        "text": text,
+        "matched_token_id": output_ids[-1] if finish == "stop" and output_ids else None,
+    }
+    if flags is not None:
+        item["flags"] = flags
+    return item
+
+
+def make_run(
+    path: Path,
+    records: list[dict[str, Any]],
+    *,
+    failures: list[tuple[str, str, str]] = (),  # type: ignore[assignment]
+    planned: int | None = None,
+    dataset: str = "hand",
+    tokenizer: TokenizerSettings | None = None,
+) -> Path:
+    """Write a run directory; ``failures`` are (row, status, reason); ``planned`` ends the plan."""
+    run = RunDir(path)
+    path.mkdir(parents=True)
+    run.create(frozen(dataset, tokenizer), {})
+    writer = ShardWriter(path, shard_size=3, fsync_interval_s=0)
+    for item in records:
+        writer.write(item)
+    writer.close()
+    log = FailureLog(path, fsync_interval_s=0)
+    for row, status, reason in failures:
+        log.write(
+            failure_entry(
+                item_id=record_id(dataset, row, 0),
+                dataset=dataset,
+                row_id=row,
+                sample=0,
+                reason=reason,
+                message=reason,
+                attempts=1,
+                status=status,
+            )
+        )
+    log.close()
+    if planned is not None:
+        run.set_planned(planned)
+    return path
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    return [orjson.loads(line) for line in path.read_bytes().splitlines()]
