@@ -184,3 +184,51 @@ def test_speculators_own_builder_passes_the_rows_through(exported: dict[str, Any
         assert row["input_ids"].tolist() == want["input_ids"]
         assert row["loss_mask"].tolist() == want["loss_mask"]
         assert int(row["seq_len"]) == len(want["input_ids"])
+
+
+SPECFORGE_VOCAB = textwrap.dedent(
+    """
+    import json, sys
+    import torch
+    from datasets import load_dataset
+    from specforge.data.preprocessing import generate_vocab_mapping_file
+
+    rows = load_dataset("json", data_files=sys.argv[1], split="train").with_format("torch")
+    path = generate_vocab_mapping_file(
+        rows, target_vocab_size=int(sys.argv[2]), draft_vocab_size=int(sys.argv[3]),
+        cache_dir=sys.argv[4], cache_key="specforge",
+    )
+    mapping = torch.load(path)
+    json.dump({"d2t": mapping["d2t"].tolist(), "t2d": mapping["t2d"].tolist()}, sys.stdout)
+    """
+)
+
+
+def test_the_draft_vocab_mapping_is_specforges(
+    exported: dict[str, Any], tmp_path: Path, tokenizer_dir: str
+) -> None:
+    torch = pytest.importorskip("torch", reason="--draft-vocab-size writes a torch file")
+    from transformers import AutoTokenizer
+
+    vocab = len(AutoTokenizer.from_pretrained(tokenizer_dir))
+    runs = [Path(r) for r in (run["run_dir"] for run in exported["report"].to_json()["runs"])]
+    out = tmp_path / "train.jsonl"
+    export_runs(runs, out, ExportOptions(draft_vocab_size=64))
+    mapping = torch.load(tmp_path / "train.vocab_mapping.pt")
+    assert mapping["d2t"].dtype == torch.long and mapping["d2t"].shape == (64,)
+    assert mapping["t2d"].dtype == torch.bool and mapping["t2d"].shape == (vocab,)
+    assert int(mapping["t2d"].sum()) == 64
+
+    # SpecForge's own builder on the same rows, where its data-preparation stack imports.
+    site = install_no_deps(SPECFORGE)
+    result = subprocess.run(
+        [sys.executable, "-c", SPECFORGE_VOCAB, str(out), str(vocab), "64", str(tmp_path / "sf")],
+        capture_output=True, text=True, timeout=300, check=False,
+        env={**os.environ, "PYTHONPATH": str(site)},
+    )  # fmt: skip
+    if result.returncode != 0 and "ModuleNotFoundError" in result.stderr:
+        pytest.skip(f"specforge.data.preprocessing needs {result.stderr.strip().splitlines()[-1]}")
+    assert result.returncode == 0, result.stderr
+    theirs = json.loads(result.stdout.strip().splitlines()[-1])
+    assert mapping["d2t"].tolist() == theirs["d2t"]
+    assert mapping["t2d"].tolist() == theirs["t2d"]

@@ -4,9 +4,11 @@ SpecForge 0.2.0 refuses a disaggregated EAGLE-3 run without ``model.vocab_mappin
 ``torch.save({"d2t": LongTensor[draft], "t2d": BoolTensor[target]})`` file. Its own builder
 (``specforge.data.preprocessing.process_token_dict_to_mappings``) counts only ids whose
 ``loss_mask`` is 1, pads the counter with the lowest missing ids up to the draft size, takes
-``most_common(draft)`` (ties in first-seen order), sorts the chosen ids, and sets
-``d2t[i] = used[i] - i`` and ``t2d[j] = j in used``. ``draft_vocab_mapping`` repeats that exactly,
-on the counts this export gathers while it streams (first-seen order = export order).
+``most_common(draft)``, sorts the chosen ids, and sets ``d2t[i] = used[i] - i`` and
+``t2d[j] = j in used``. Ties in ``most_common`` keep the counter's insertion order, which its
+counting loop makes "row of first appearance, then ascending id" (it adds each row's
+``unique(return_counts=True)``). ``count_supervised`` counts the same way, in export order, and
+``draft_vocab_mapping`` repeats the rest exactly.
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ from eagledata.export.output import atomic_target
 
 
 def count_supervised(counts: Counter[int], output_ids: Sequence[int]) -> None:
-    """Add one row's supervised ids (its whole ``output_ids``, the ``loss_mask == 1`` part)."""
-    counts.update(output_ids)
+    """Add one row's supervised ids (its whole ``output_ids``, the ``loss_mask == 1`` part),
+    ascending within the row, as SpecForge's ``unique(return_counts=True)`` does."""
+    counts.update(dict(sorted(Counter(output_ids).items())))
 
 
 def draft_vocab_mapping(
