@@ -9,6 +9,7 @@ source; SpecForge reads only JSONL, so use ``ids`` for it.
 
 from __future__ import annotations
 
+import inspect
 import shutil
 import tempfile
 import uuid
@@ -62,13 +63,17 @@ def write_hf_dataset(rows: Iterator[dict[str, Any]], target: Path) -> None:
 
     cache = Path(tempfile.mkdtemp(prefix=".eagledata-hf-cache-", dir=target.parent))
     try:
+        # A fresh cache folder means no earlier build is ever reused. Where datasets takes a
+        # fingerprint (3.x+), give one so it does not try to hash the generator's closure.
+        extra: dict[str, Any] = {}
+        if "fingerprint" in inspect.signature(Dataset.from_generator).parameters:
+            extra["fingerprint"] = uuid.uuid4().hex
         dataset = Dataset.from_generator(
             generate,
             features=hf_features(),
             cache_dir=str(cache),
-            # a fresh fingerprint: never reuse a cached build of an earlier export
-            fingerprint=uuid.uuid4().hex,
             writer_batch_size=WRITER_BATCH_SIZE,
+            **extra,
         )
         dataset.save_to_disk(str(target))
         del dataset

@@ -59,8 +59,9 @@ class Selection:
             output
         ):
             return MALFORMED
-        for flag in sorted(self.excluded.intersection(record_flags(record))):
-            return flag_reason(flag)
+        excluded = sorted(self.excluded.intersection(record_flags(record)))
+        if excluded:
+            return flag_reason(excluded[0])
         if not output:  # nothing to supervise: every trainer would drop it silently
             return NO_OUTPUT
         if self.max_length is not None and len(prompt) + len(output) > self.max_length:
