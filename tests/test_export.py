@@ -126,12 +126,15 @@ def flagged_run(tmp_path: Path) -> Path:
         record("loop", [1, 10, 14], [30, 30, 30, IM_END], flags=["degenerate"]),
         record("cut", [1, 10, 15], [40, 41, 42], finish="length", flags=["truncated"]),
         record("long", [1, *range(100, 130)], [50, 51, IM_END], flags=[]),
+        # made before flags: the export finds these two from their ids
+        record("old-empty", [1, 10, 16], [IM_END]),
+        record("old-loop", [1, 10, 17], [60, 61, 62, 63] * 10 + [IM_END]),
     ]
     return make_run(
         tmp_path / "flagged",
         records,
         failures=[("bad", "skipped", "bad_row"), ("down", "failed", "transient")],
-        planned=9,  # 6 records + 2 failure entries + 1 never generated
+        planned=11,  # 8 records + 2 failure entries + 1 never generated
     )
 
 
@@ -142,27 +145,37 @@ def test_empty_and_degenerate_are_left_out_by_default_and_every_item_is_counted(
     exported = {row["metadata"]["record_id"] for row in read_jsonl(tmp_path / "t.jsonl")}
     assert exported == {"hand/clean/0", "hand/old/0", "hand/cut/0", "hand/long/0"}
     assert report.skipped == {
-        "flag:empty": 1,
-        "flag:degenerate": 1,
+        "flag:empty": 2,
+        "flag:degenerate": 2,
         "generation_skipped:bad_row": 1,
         "generation_failed:transient": 1,
         "not_generated": 1,
     }
-    assert report.planned == 9 == report.exported + sum(report.skipped.values())
-    assert report.to_json()["skipped_ids"]["flag:empty"] == ["hand/empty/0"]
+    assert report.planned == 11 == report.exported + sum(report.skipped.values())
+    skipped_ids = report.to_json()["skipped_ids"]
+    assert skipped_ids["flag:empty"] == ["hand/empty/0", "hand/old-empty/0"]
+    assert skipped_ids["flag:degenerate"] == ["hand/loop/0", "hand/old-loop/0"]
     assert report.finish_reasons == {"stop": 3, "length": 1}
 
 
 def test_keep_and_max_length(flagged_run: Path, tmp_path: Path) -> None:
     report = export(
-        [flagged_run], tmp_path / "t.jsonl", keep=("empty", "degenerate"), max_length=10
+        [flagged_run], tmp_path / "t.jsonl", keep=("empty", "degenerate"), max_length=40
     )
     exported = {row["metadata"]["record_id"] for row in read_jsonl(tmp_path / "t.jsonl")}
-    assert exported == {"hand/clean/0", "hand/old/0", "hand/empty/0", "hand/loop/0", "hand/cut/0"}
+    assert exported == {
+        "hand/clean/0",
+        "hand/old/0",
+        "hand/empty/0",
+        "hand/loop/0",
+        "hand/cut/0",
+        "hand/long/0",
+        "hand/old-empty/0",
+    }
     assert report.skipped["too_long"] == 1
-    assert report.to_json()["skipped_ids"]["too_long"] == ["hand/long/0"]
+    assert report.to_json()["skipped_ids"]["too_long"] == ["hand/old-loop/0"]  # 3 + 41 tokens
     assert report.reconciled
-    assert report.length_stats()["max"] == 7  # the loop: 3 prompt + 4 output
+    assert report.length_stats()["max"] == 34  # the long prompt: 31 + 3
 
 
 def test_an_unknown_flag_is_refused(flagged_run: Path, tmp_path: Path) -> None:
@@ -427,10 +440,10 @@ def test_the_cli_prints_the_report(flagged_run: Path, tmp_path: Path) -> None:
     out = tmp_path / "t.jsonl"
     result = cli("export", str(flagged_run), "--out", str(out), "--keep", "empty")
     assert result.returncode == 0, result.stderr
-    assert "exported 5 rows" in result.stdout
-    assert "planned  9 = exported 5 + skipped 4" in result.stdout
+    assert "exported 6 rows" in result.stdout
+    assert "planned  11 = exported 6 + skipped 5" in result.stdout
     assert f"report   {tmp_path / 't.export.json'}" in result.stdout
-    assert orjson.loads((tmp_path / "t.export.json").read_bytes())["exported"] == 5
+    assert orjson.loads((tmp_path / "t.export.json").read_bytes())["exported"] == 6
 
 
 def test_runs_with_different_tokenizers_need_an_explicit_one(
@@ -446,4 +459,4 @@ def test_runs_with_different_tokenizers_need_an_explicit_one(
     report = export(
         [flagged_run, other], tmp_path / "c.jsonl", format="text", tokenizer=tokenizer_dir
     )
-    assert report.exported + sum(report.skipped.values()) == 9 + 1
+    assert report.exported + sum(report.skipped.values()) == 11 + 1

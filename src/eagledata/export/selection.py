@@ -1,7 +1,9 @@
 """Which records an export keeps, and why each of the others is left out.
 
-Records carry quality ``flags`` (docs/run-directory.md); a run made before flags existed has no
-``flags`` key, which reads as no flags. ``empty`` and ``degenerate`` answers are left out unless
+Records carry quality ``flags`` (docs/run-directory.md). A run made before flags existed has no
+``flags`` key: its records get the flags that need only their ids (``truncated``, ``empty``,
+``degenerate``), from the same detector generation uses. ``empty`` and ``degenerate`` answers are
+left out unless
 the user keeps them; rows longer than the trainer's ``max_length`` are left out and counted, since
 a trainer would cut them (SpecForge, speculators) and train on a tail-less answer.
 """
@@ -13,8 +15,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from eagledata.errors import ExportError
+from eagledata.quality.flags import ALL_FLAGS, FlagDetector
 
-KNOWN_FLAGS = ("truncated", "empty", "degenerate", "roundtrip_mismatch", "unbalanced_think")
+KNOWN_FLAGS = ALL_FLAGS
+# No tokenizer: the round-trip and think detectors are off, the id-only ones on.
+_FROM_IDS = FlagDetector()
 EXCLUDED_BY_DEFAULT = frozenset({"empty", "degenerate"})
 
 # Skip reasons of the export itself (generation outcomes are named in report.py).
@@ -30,7 +35,14 @@ def flag_reason(flag: str) -> str:
 
 def record_flags(record: dict[str, Any]) -> list[str]:
     flags = record.get("flags")
-    return [str(flag) for flag in flags] if isinstance(flags, list) else []
+    if isinstance(flags, list):
+        return [str(flag) for flag in flags]
+    return _FROM_IDS.flags(
+        input_ids=record["input_ids"],
+        output_ids=list(record["output_ids"]),
+        finish_reason=str(record.get("finish_reason")),
+        matched=record.get("matched_token_id"),
+    )
 
 
 @dataclass(frozen=True)
