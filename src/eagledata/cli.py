@@ -162,6 +162,20 @@ def verify(run_dir: Annotated[Path, typer.Argument(help="A run directory")]) -> 
         raise typer.Exit(1)
 
 
+@app.command()
+def report(
+    run_dir: Annotated[Path, typer.Argument(help="A run directory (in progress or finished)")],
+    out: Annotated[
+        Path | None, typer.Option("--out", "-o", help="HTML file (default: RUN_DIR/report.html)")
+    ] = None,
+) -> None:
+    """Draw the run: tok/s, KV usage, answer lengths, flags, canary, failures, in one HTML file."""
+    from eagledata.report import build_report
+
+    written = guarded(lambda: build_report(run_dir, out))
+    typer.echo(f"report: {written}")
+
+
 def _guard_targets(config_path: Path | None) -> tuple[str | None, int | None]:
     """The model and bf16 bytes/token the guard expects, from the config when there is one."""
     path = config_path or default_config_path()

@@ -25,6 +25,13 @@ def record_id(dataset: str, row_id: str, sample: int) -> str:
     return f"{dataset}/{row_id}/{sample}"
 
 
+def completion_time(result: GenerateResult) -> float:
+    """When the response completed, in unix seconds. A record is written when the KV guard
+    releases it, up to a guard interval later; ``created_at`` must be the completion, or rates
+    drawn from it (``report``, ``status``) bunch at the checks."""
+    return time.time() - max(0.0, time.monotonic() - result.completed_at)
+
+
 def make_record(
     *,
     item_id: str,
@@ -45,7 +52,7 @@ def make_record(
         "finish_reason": result.finish_reason,
         "prompt_tokens": result.prompt_tokens,
         "completion_tokens": result.completion_tokens,
-        "created_at": time.time(),
+        "created_at": completion_time(result),
         "messages": messages,
         "input_ids": input_ids,
         "output_ids": result.output_ids,

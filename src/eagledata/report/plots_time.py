@@ -1,0 +1,373 @@
+"""The run over time: output tok/s, server load, canary statistics against their thresholds."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from eagledata.report.plotting import (
+    BLUE,
+    GREEN,
+    GREY,
+    ORANGE,
+    PURPLE,
+    RED,
+    SKY,
+    Plot,
+    as_datetimes,
+    duration,
+    missing,
+    new_figure,
+    render,
+    styled,
+    thousands,
+    time_axis,
+)
+from eagledata.report.rundata import RunData
+
+# Bin widths for the rate plot, seconds: the smallest that leaves at most MAX_BINS bins.
+BIN_WIDTHS = (
+    0.01,
+    0.02,
+    0.05,
+    0.1,
+    0.2,
+    0.5,
+    1,
+    2,
+    5,
+    10,
+    15,
+    30,
+    60,
+    120,
+    300,
+    600,
+    900,
+    1800,
+    3600,
+    7200,
+    10800,
+    21600,
+    43200,
+)
+MAX_BINS = 150
+MAX_LOAD_PANELS = 8
+
+
+def rate_bins(
+    times: np.ndarray[Any, Any], tokens: np.ndarray[Any, Any], start: float, end: float
+) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any], float]:
+    """Output tokens per second in fixed bins of completion time: (bin starts, tok/s, width).
+
+    A record counts in the bin where it completed; a bin in which nothing completed (the run
+    paused, a server down) shows 0, not a line drawn across the gap.
+    """
+    span = max(end - start, 1e-9)
+    width = next((w for w in BIN_WIDTHS if span / w <= MAX_BINS), None)
+    if width is None:
+        width = math.ceil(span / MAX_BINS / 86400) * 86400
+    origin = math.floor(start / width) * width  # bins on round clock times
+    count = int((end - origin) // width) + 1
+    index = ((times - origin) // width).astype(np.int64)
+    sums = np.bincount(index, weights=tokens, minlength=count)[:count]
+    return origin + np.arange(count) * width, sums / width, float(width)
+
+
+def throughput_plot(data: RunData) -> Plot:
+    key, title = "throughput", "Output tokens per second"
+    times = np.frombuffer(data.records.created_at, dtype=np.float64)
+    tokens = np.frombuffer(data.records.completion_tokens, dtype=np.int64).astype(np.float64)
+    dated = times > 0
+    if dated.sum() < 2:
+        why = (
+            "No records yet: the rate is drawn once two answers have completed."
+            if data.records.records < 2
+            else "The records carry no completion time (created_at): written before it existed."
+        )
+        return missing(key, title, why)
+    times, tokens = times[dated], tokens[dated]
+    start, end = float(times.min()), float(times.max())
+    starts, rate, width = rate_bins(times, tokens, start, end)
+    overall = float(data.status["tok_s"]["overall"] or 0.0)
+    with styled():
+        figure = new_figure(3.3)
+        ax = figure.add_subplot()
+        edges = as_datetimes(np.append(starts, starts[-1] + width))
+        ax.stairs(rate, edges, fill=True, color=BLUE, alpha=0.25, linewidth=0)
+        ax.stairs(rate, edges, color=BLUE, linewidth=1.2, label=f"output tok/s per {width:g} s")
+        if overall > 0:
+            ax.axhline(
+                overall,
+                color=INK_DASH,
+                linestyle="--",
+                linewidth=1,
+                label=f"overall {overall:,.0f} tok/s",
+            )
+        ax.set_ylabel("output tokens / s")
+        ax.yaxis.set_major_formatter(thousands)
+        ax.set_ylim(bottom=0, top=max(float(rate.max()), overall) * 1.25 or 1.0)
+        _mark_checks(ax, data, start - width, end + width)
+        ax.set_xlim(edges[0], edges[-1])
+        time_axis(ax)
+        ax.legend(loc="upper left", ncols=4)
+        png = render(figure)
+    refused = sum(1 for c in data.checks if not c.ok)
+    caption = (
+        f"{data.records.records:,} answers completed over {duration(end - start)}; "
+        f"each bar is the output tokens of the answers that completed in it. "
+        f"{len(data.checks):,} KV checks ({refused} refused), "
+        f"{len(data.reconnects)} server reconnects marked."
+    )
+    return Plot(key, title, caption, png)
+
+
+INK_DASH = "#444444"
+
+
+def _mark_checks(ax: Any, data: RunData, start: float, end: float) -> None:
+    """KV checks as ticks along the bottom (green passed, red refused), reconnects as lines."""
+    checks = [c for c in data.checks if start <= c.time <= end]
+    passed = [c.time for c in checks if c.ok]
+    refused = [c.time for c in checks if not c.ok]
+    transform = ax.get_xaxis_transform()  # x in data, y in axes fraction
+    if passed:
+        ax.vlines(
+            as_datetimes(passed),
+            0,
+            0.04,
+            transform=transform,
+            color=GREEN,
+            linewidth=0.8,
+            label="KV check passed",
+        )
+    if refused:
+        ax.vlines(
+            as_datetimes(refused),
+            0,
+            1,
+            transform=transform,
+            color=RED,
+            linewidth=1.5,
+            label="KV check refused",
+        )
+    back = [r for r in data.reconnects if start <= r.time <= end]
+    if back:
+        ax.vlines(
+            as_datetimes([r.time for r in back]),
+            0,
+            1,
+            transform=transform,
+            color=ORANGE,
+            linestyle=":",
+            linewidth=1.5,
+            label="server back / restart",
+        )
+
+
+def load_plot(data: RunData) -> Plot:
+    key, title = "load", "Server load: KV cache usage, running and queued requests"
+    if not data.load:
+        return missing(
+            key,
+            title,
+            "No server load samples: the run directory has no telemetry.jsonl "
+            "(a run made before load telemetry existed).",
+        )
+    labels = sorted(data.load)
+    usable = [
+        label
+        for label in labels
+        if _has_any(data.load[label].token_usage) or _has_any(data.load[label].running)
+    ]
+    if not usable:
+        return missing(
+            key,
+            title,
+            "telemetry.jsonl holds no KV usage or running counts: the servers exported no load "
+            "endpoint (/v1/loads, /metrics or /get_load).",
+        )
+    shown = usable[:MAX_LOAD_PANELS]
+    with styled():
+        figure = new_figure(1.0 + 2.1 * len(shown))
+        axes = figure.subplots(len(shown), 1, sharex=True, squeeze=False)[:, 0]
+        for ax, label in zip(axes, shown, strict=True):
+            _load_panel(ax, data.load[label], label)
+        time_axis(axes[-1])
+        png = render(figure)
+    retractions = sum(_retractions(data.load[label]) for label in labels)
+    peak = max(_peak(data.load[label].token_usage) for label in labels)
+    caption = (
+        f"{sum(len(data.load[label].time) for label in labels):,} samples from "
+        f"{len(labels)} server{'s' if len(labels) != 1 else ''}; peak KV usage {peak:.0%}; "
+        f"{retractions:,.0f} retraction{'s' if retractions != 1 else ''}."
+    )
+    if len(usable) > len(shown):
+        caption += f" Showing the first {len(shown)} of {len(usable)} servers/ranks."
+    return Plot(key, title, caption, png)
+
+
+def _has_any(values: Any) -> bool:
+    return bool(np.isfinite(np.frombuffer(values, dtype=np.float64)).any())
+
+
+def _peak(values: Any) -> float:
+    array = np.frombuffer(values, dtype=np.float64)
+    finite = array[np.isfinite(array)]
+    return float(finite.max()) if finite.size else 0.0
+
+
+def _retraction_events(series: Any) -> np.ndarray[Any, Any]:
+    """Retractions per sample. SGLang's gauge resets each stats window, a counter only grows:
+    a series that never decreases is read as a counter and differenced."""
+    values = np.nan_to_num(np.frombuffer(series.retracted, dtype=np.float64))
+    if values.size > 1 and np.all(np.diff(values) >= 0) and values[-1] > values[0]:
+        return np.concatenate([[0.0], np.diff(values)])
+    return values
+
+
+def _retractions(series: Any) -> float:
+    return float(_retraction_events(series).sum())
+
+
+def _load_panel(ax: Any, series: Any, label: str) -> None:
+    order = np.argsort(np.frombuffer(series.time, dtype=np.float64), kind="stable")
+    times = as_datetimes(np.frombuffer(series.time, dtype=np.float64)[order])
+
+    def column(name: str) -> np.ndarray[Any, Any]:
+        return np.frombuffer(getattr(series, name), dtype=np.float64)[order]
+
+    usage = column("token_usage") * 100
+    ax.fill_between(times, usage, color=SKY, alpha=0.35, linewidth=0, step="post")
+    ax.step(times, usage, where="post", color=BLUE, linewidth=1, label="KV usage %")
+    ax.set_ylim(0, 105)
+    ax.set_ylabel("KV usage (%)")
+    ax.set_title(label, loc="left", fontsize=9)
+    twin = ax.twinx()
+    twin.grid(False)
+    twin.spines["right"].set_visible(True)
+    for name, colour, text, style in (
+        ("running", GREEN, "running requests", "-"),
+        ("queued", ORANGE, "queued requests", "-"),
+        ("target", PURPLE, "eagledata's target in flight", "--"),
+    ):
+        values = column(name)
+        if np.isfinite(values).any():
+            twin.step(
+                times, values, where="post", color=colour, linewidth=1, linestyle=style, label=text
+            )
+    twin.set_ylabel("requests")
+    twin.set_ylim(bottom=0)
+    events = _retraction_events(series)[order]
+    hit = events > 0
+    if hit.any():
+        ax.scatter(
+            times[hit],
+            np.full(int(hit.sum()), 100.0),
+            marker="v",
+            color=RED,
+            s=18,
+            zorder=5,
+            label="retraction",
+            clip_on=False,
+        )
+    handles, labels = ax.get_legend_handles_labels()
+    more_handles, more_labels = twin.get_legend_handles_labels()
+    ax.legend(handles + more_handles, labels + more_labels, loc="lower left", ncols=5)
+
+
+CANARY_COLOURS = {"pass": GREEN, "drift": RED, "mismatch": RED, "error": ORANGE}
+SERVER_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+
+
+def canary_plot(data: RunData) -> Plot:
+    key, title = "canary", "Quality canary: statistics against their thresholds"
+    if not data.canary:
+        return missing(
+            key,
+            title,
+            "No canary checks: the run has no quality.jsonl (run with --no-canary, or made before "
+            "the canary existed).",
+        )
+    names = sorted(
+        {name for check in data.canary for name in check.thresholds}
+        | {name for check in data.canary for name in check.stats}
+    )
+    if not names:
+        return missing(key, title, "quality.jsonl holds verdicts but no statistics to draw.")
+    servers = sorted({check.server for check in data.canary})
+    columns = 2 if len(names) > 1 else 1
+    rows = math.ceil(len(names) / columns)
+    closest: tuple[float, str, float] | None = None
+    with styled():
+        figure = new_figure(0.6 + 2.0 * rows)
+        axes = figure.subplots(rows, columns, sharex=True, squeeze=False).ravel()
+        for ax, name in zip(axes, names, strict=False):
+            for marker, server in zip(SERVER_MARKERS * 4, servers, strict=False):
+                points = [c for c in data.canary if c.server == server and name in c.stats]
+                for verdict in sorted({c.verdict for c in points}):
+                    chosen = [c for c in points if c.verdict == verdict]
+                    ax.scatter(
+                        as_datetimes([c.time for c in chosen]),
+                        [c.stats[name] for c in chosen],
+                        s=16,
+                        marker=marker,
+                        color=CANARY_COLOURS.get(verdict, GREY),
+                        zorder=3,
+                        edgecolors=["black" if c.kind == "baseline" else "none" for c in chosen],
+                        label=f"{verdict}" + (f" ({server})" if len(servers) > 1 else ""),
+                    )
+                ax.plot(
+                    as_datetimes([c.time for c in points]),
+                    [c.stats[name] for c in points],
+                    color=GREY,
+                    linewidth=0.6,
+                    zorder=2,
+                )
+            limits = [c for c in data.canary if name in c.thresholds]
+            if limits:
+                limit_times = as_datetimes([c.time for c in limits])
+                values = np.array([c.thresholds[name] for c in limits])
+                ax.step(
+                    limit_times,
+                    values,
+                    where="post",
+                    color=RED,
+                    linestyle="--",
+                    linewidth=1,
+                    label="threshold",
+                )
+                if any(c.stats.get(name, 0.0) < 0 for c in limits):
+                    ax.step(
+                        limit_times, -values, where="post", color=RED, linestyle="--", linewidth=1
+                    )
+                for check in limits:
+                    limit = check.thresholds[name]
+                    if name in check.stats and limit > 0 and check.kind != "baseline":
+                        ratio = abs(check.stats[name]) / limit
+                        if closest is None or ratio > closest[0]:
+                            closest = (ratio, name, check.time)
+            ax.set_title(name.replace("_", " "), loc="left", fontsize=9)
+            ax.set_ylabel("value")
+            time_axis(ax)
+            handles, labels = ax.get_legend_handles_labels()
+            unique = dict(zip(labels, handles, strict=True))
+            ax.legend(unique.values(), unique.keys(), loc="upper left", ncols=3)
+        for ax in axes[len(names) :]:
+            ax.set_visible(False)
+        png = render(figure)
+    checks = [c for c in data.canary if c.kind != "baseline"]
+    failed = [c for c in checks if c.verdict != "pass"]
+    caption = f"{len(checks):,} checks after the baseline, {len(failed)} not passed"
+    if closest is not None:
+        caption += (
+            f"; highest against its threshold: {closest[1].replace('_', ' ')} at "
+            f"{closest[0]:.0%} of it"
+        )
+    caption += ". Outlined points are baseline scorings."
+    if failed:
+        caption += f" Last failure: {failed[-1].verdict} on {failed[-1].server}"
+        caption += f" ({failed[-1].reason})." if failed[-1].reason else "."
+    return Plot(key, title, caption, png)

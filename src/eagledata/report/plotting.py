@@ -1,0 +1,121 @@
+"""What every plot shares: the result type, the look, time axes in UTC, PNG rendering.
+
+matplotlib through its object API (``Figure``, rendered by the Agg canvas), never ``pyplot``: no
+global state, no GUI backend, nothing that needs a display.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Any, cast
+
+import numpy as np
+from matplotlib import dates as mdates
+from matplotlib import rc_context
+from matplotlib.axes import Axes
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+# Colours that stay apart for colour-blind readers (Okabe-Ito), one meaning each in every plot.
+BLUE = "#0072B2"
+ORANGE = "#E69F00"
+GREEN = "#009E73"
+RED = "#D55E00"
+PURPLE = "#CC79A7"
+SKY = "#56B4E9"
+GREY = "#7f7f7f"
+INK = "#222222"
+
+STYLE: dict[str, Any] = {
+    "font.size": 9,
+    "axes.titlesize": 10,
+    "axes.labelsize": 9,
+    "axes.edgecolor": "#999999",
+    "axes.labelcolor": INK,
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "axes.grid": True,
+    "grid.color": "#dddddd",
+    "grid.linewidth": 0.6,
+    "xtick.color": "#444444",
+    "ytick.color": "#444444",
+    "legend.fontsize": 8,
+    "legend.frameon": False,
+    "timezone": "UTC",
+}
+DPI = 144  # drawn at twice the CSS size they are shown at: sharp on a laptop's screen
+WIDTH_IN = 10.0
+
+
+@dataclass(frozen=True)
+class Plot:
+    """One section of the report: a picture with a caption, or the one line saying why not."""
+
+    key: str
+    title: str
+    caption: str = ""
+    png: bytes | None = None
+    missing: str | None = None
+    width_in: float = WIDTH_IN
+
+
+def missing(key: str, title: str, why: str) -> Plot:
+    return Plot(key=key, title=title, missing=why)
+
+
+def styled() -> AbstractContextManager[None]:
+    """The report's look, for the figures drawn inside it (matplotlib's rc_context)."""
+    return rc_context(cast(Any, STYLE))
+
+
+def new_figure(height_in: float, width_in: float = WIDTH_IN) -> Figure:
+    figure = Figure(figsize=(width_in, height_in), dpi=DPI, layout="constrained")
+    FigureCanvasAgg(figure)
+    return figure
+
+
+def render(figure: Figure) -> bytes:
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=DPI, facecolor="white", metadata={"Software": None})
+    return buffer.getvalue()
+
+
+def as_datetimes(times: Sequence[float] | np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """Unix seconds as numpy datetimes, which matplotlib draws as dates (UTC)."""
+    seconds = np.asarray(times, dtype=np.float64)
+    return (seconds * 1e6).astype("datetime64[us]")
+
+
+def time_axis(ax: Axes, label: str = "time (UTC)") -> None:
+    locator = mdates.AutoDateLocator(minticks=4, maxticks=9)  # type: ignore[no-untyped-call]
+    ax.xaxis.set_major_locator(locator)
+    ax.xaxis.set_major_formatter(
+        mdates.ConciseDateFormatter(locator)  # type: ignore[no-untyped-call]
+    )
+    ax.set_xlabel(label)
+
+
+def thousands(value: float, _position: object = None) -> str:
+    if abs(value) >= 1e6:
+        return f"{value / 1e6:g}M"
+    if abs(value) >= 1e4:
+        return f"{value / 1e3:g}k"
+    return f"{value:,.0f}" if value == int(value) else f"{value:g}"
+
+
+def share(count: int, total: int) -> str:
+    return f"{count:,} ({count / total:.1%})" if total else f"{count:,}"
+
+
+def duration(seconds: float) -> str:
+    seconds = abs(seconds)
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 2 * 86400:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} days"

@@ -1,0 +1,267 @@
+"""Everything the report shows, gathered from a run directory in one streaming pass per file.
+
+Read-only and lock-free: the run may be in progress. Each side file (``checks.jsonl``,
+``quality.jsonl``, ``telemetry.jsonl``, ``failures.jsonl``) is read up to its last newline; a line
+that is not a JSON object of the documented shape (docs/run-directory.md) is counted and skipped,
+never fatal: a report of a damaged run is still a report.
+"""
+
+from __future__ import annotations
+
+import time
+from array import array
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from eagledata.report.headline import status_snapshot
+from eagledata.report.records_scan import RecordSeries, scan_records
+from eagledata.run.manifest import RunDir
+from eagledata.run.writer import iter_jsonl_lines
+
+
+@dataclass(frozen=True)
+class GuardCheck:
+    time: float
+    server: str
+    ok: bool
+    problems: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Reconnect:
+    """A server whose checks resumed after a silence: it was down, restarted or the run paused."""
+
+    time: float
+    server: str
+    silent_s: float
+    source: str  # "checks" (a gap between KV checks) or "canary" (a reconnect-triggered canary)
+
+
+@dataclass(frozen=True)
+class CanaryCheck:
+    time: float
+    server: str
+    kind: str
+    trigger: str
+    verdict: str
+    stats: dict[str, float]
+    thresholds: dict[str, float]
+    reason: str
+
+
+@dataclass
+class LoadSeries:
+    """One server's (or one DP rank's) telemetry samples, in time order."""
+
+    label: str
+    time: array[float] = field(default_factory=lambda: array("d"))
+    token_usage: array[float] = field(default_factory=lambda: array("d"))
+    running: array[float] = field(default_factory=lambda: array("d"))
+    queued: array[float] = field(default_factory=lambda: array("d"))
+    retracted: array[float] = field(default_factory=lambda: array("d"))
+    in_flight: array[float] = field(default_factory=lambda: array("d"))
+    target: array[float] = field(default_factory=lambda: array("d"))
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    run_dir: str
+    dataset: str
+    model: str | None
+    tokenizer: str
+    max_new_tokens: int | None
+    servers: tuple[str, ...]
+    started_at: float | None
+    versions: dict[str, str]
+    kv_dtypes: tuple[str, ...]
+
+
+@dataclass
+class RunData:
+    info: RunInfo
+    status: dict[str, Any]
+    records: RecordSeries
+    checks: list[GuardCheck]
+    reconnects: list[Reconnect]
+    canary: list[CanaryCheck]
+    load: dict[str, LoadSeries]
+    generated_at: float
+    # lines of side files that did not have the documented shape: {file name: count}
+    skipped_lines: Counter[str] = field(default_factory=Counter)
+
+
+def gather(path: Path) -> RunData:
+    """Read a run directory (in progress or finished) into what the report draws."""
+    run_dir = RunDir(path)
+    manifest = run_dir.read()  # a non-run directory gets RunDirError's one line
+    skipped: Counter[str] = Counter()
+    records = scan_records(path)
+    checks = _guard_checks(path, skipped)
+    canary = _canary_checks(path, skipped)
+    interval = _guard_interval(manifest)
+    return RunData(
+        info=_run_info(path, manifest),
+        status=status_snapshot(path, records),
+        records=records,
+        checks=checks,
+        reconnects=find_reconnects(checks, canary, interval),
+        canary=canary,
+        load=_load_series(path, skipped),
+        generated_at=time.time(),
+        skipped_lines=skipped,
+    )
+
+
+def _objects(path: Path, skipped: Counter[str]) -> Iterator[dict[str, Any]]:
+    if not path.is_file():
+        return
+    for line in iter_jsonl_lines(path):
+        try:
+            value = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            skipped[path.name] += 1
+            continue
+        if isinstance(value, dict):
+            yield value
+        else:
+            skipped[path.name] += 1
+
+
+def _float(value: Any) -> float | None:
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    return None
+
+
+def _run_info(path: Path, manifest: dict[str, Any]) -> RunInfo:
+    frozen = manifest.get("frozen") or {}
+    generation = frozen.get("generation") or {}
+    tokenizer = frozen.get("tokenizer") or {}
+    config = manifest.get("config") or {}
+    facts = manifest.get("server_facts") or {}
+    urls = (config.get("server") or {}).get("urls") or list(facts)
+    dtypes = sorted({str(f.get("kv_cache_dtype")) for f in facts.values() if isinstance(f, dict)})
+    model = frozen.get("expected_model") or next(
+        (f.get("model_path") for f in facts.values() if isinstance(f, dict)), None
+    )
+    max_new = generation.get("max_new_tokens")
+    return RunInfo(
+        run_dir=str(path),
+        dataset=str(frozen.get("dataset_name", "?")),
+        model=model,
+        tokenizer=str(tokenizer.get("name", "?")),
+        max_new_tokens=max_new if isinstance(max_new, int) else None,
+        servers=tuple(str(url) for url in urls),
+        started_at=_float(manifest.get("created_at")),
+        versions={str(k): str(v) for k, v in (manifest.get("versions") or {}).items()},
+        kv_dtypes=tuple(dtypes),
+    )
+
+
+def _guard_interval(manifest: dict[str, Any]) -> float:
+    server = (manifest.get("config") or {}).get("server") or {}
+    interval = _float(server.get("guard_interval_s"))
+    return interval if interval and interval > 0 else 30.0
+
+
+def _guard_checks(path: Path, skipped: Counter[str]) -> list[GuardCheck]:
+    checks = []
+    for entry in _objects(path / "checks.jsonl", skipped):
+        moment = _float(entry.get("time"))
+        if moment is None or not isinstance(entry.get("ok"), bool):
+            skipped["checks.jsonl"] += 1
+            continue
+        problems = entry.get("problems") or []
+        checks.append(
+            GuardCheck(
+                time=moment,
+                server=str(entry.get("server", "?")),
+                ok=entry["ok"],
+                problems=tuple(str(p) for p in problems) if isinstance(problems, list) else (),
+            )
+        )
+    checks.sort(key=lambda check: check.time)
+    return checks
+
+
+def _canary_checks(path: Path, skipped: Counter[str]) -> list[CanaryCheck]:
+    found = []
+    for entry in _objects(path / "quality.jsonl", skipped):
+        moment = _float(entry.get("time"))
+        if moment is None:
+            skipped["quality.jsonl"] += 1
+            continue
+        found.append(
+            CanaryCheck(
+                time=moment,
+                server=str(entry.get("server", "?")),
+                kind=str(entry.get("kind", "check")),
+                trigger=str(entry.get("trigger", "")),
+                verdict=str(entry.get("verdict", "?")),
+                stats=_numbers(entry.get("stats")),
+                thresholds=_numbers(entry.get("thresholds")),
+                reason=str(entry.get("reason") or ""),
+            )
+        )
+    found.sort(key=lambda check: check.time)
+    return found
+
+
+def _numbers(value: Any) -> dict[str, float]:
+    if not isinstance(value, dict):
+        return {}
+    return {str(k): v for k, raw in value.items() if (v := _float(raw)) is not None}
+
+
+def find_reconnects(
+    checks: list[GuardCheck], canary: list[CanaryCheck], guard_interval_s: float
+) -> list[Reconnect]:
+    """Where a server came back: its KV checks resumed after more than three guard intervals of
+    silence (a server down, restarted, or the run stopped and resumed), or the canary ran because
+    of a reconnect. The guard checks every server each interval while it answers, so a longer
+    silence means it did not."""
+    found: list[Reconnect] = []
+    last: dict[str, float] = {}
+    for check in checks:
+        before = last.get(check.server)
+        if before is not None and check.time - before > 3 * guard_interval_s:
+            found.append(Reconnect(check.time, check.server, check.time - before, "checks"))
+        last[check.server] = check.time
+    for entry in canary:
+        if entry.trigger == "reconnect":
+            found.append(Reconnect(entry.time, entry.server, 0.0, "canary"))
+    found.sort(key=lambda r: r.time)
+    return found
+
+
+def _load_series(path: Path, skipped: Counter[str]) -> dict[str, LoadSeries]:
+    series: dict[str, LoadSeries] = {}
+    for entry in _objects(path / "telemetry.jsonl", skipped):
+        moment = _float(entry.get("time"))
+        if moment is None:
+            skipped["telemetry.jsonl"] += 1
+            continue
+        label = str(entry.get("server", "?"))
+        if entry.get("rank") is not None:
+            label += f" rank {entry['rank']}"
+        into = series.get(label)
+        if into is None:
+            into = series[label] = LoadSeries(label)
+        into.time.append(moment)
+        nan = float("nan")
+        for name, key in (
+            ("token_usage", "token_usage"),
+            ("running", "num_running_reqs"),
+            ("queued", "num_queue_reqs"),
+            ("retracted", "num_retracted_reqs"),
+            ("in_flight", "in_flight"),
+            ("target", "target"),
+        ):
+            value = _float(entry.get(key))
+            getattr(into, name).append(nan if value is None else value)
+    return series

@@ -1,0 +1,320 @@
+"""``eagledata report`` (issue 10): the sections a person reads, the headline equal to ``status``,
+plots left out with a reason, committed data only, and a record reader that never guesses."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import orjson
+import pytest
+
+from conftest import SAMPLES, eagledata_cmd, make_config, read_records, sim_config
+from eagledata.report import build_report
+from eagledata.report.plots_time import _retraction_events, rate_bins
+from eagledata.report.records_scan import committed_lines, record_fields
+from eagledata.report.rundata import LoadSeries
+from eagledata.run import pipeline
+from eagledata.run.manifest import scan_totals
+from eagledata.run.verify import run_status
+from eagledata.simserver import SimServerThread
+from report_page import PNG_SIGNATURE, ReportPage
+
+SECTIONS = {
+    "throughput",
+    "load",
+    "answer_lengths",
+    "prompt_vs_answer",
+    "outcomes",
+    "canary",
+    "failures",
+}
+DRAWN_FROM_RECORDS = {"throughput", "answer_lengths", "prompt_vs_answer", "outcomes", "failures"}
+
+
+@pytest.fixture(scope="module")
+def sim_run(tokenizer_dir: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A finished run with records, answers cut at max_new_tokens, and failures (bad rows)."""
+    base = tmp_path_factory.mktemp("report")
+    prompts = base / "prompts.jsonl"
+    prompts.write_bytes(
+        (SAMPLES / "sharegpt.jsonl").read_bytes() + (SAMPLES / "bad_rows.jsonl").read_bytes()
+    )
+    with SimServerThread(sim_config(tokenizer_dir, latency_s=0.01)) as server:
+        config = make_config(
+            [server.url], base / "run", generation={"max_prompt_tokens": 4000, "max_new_tokens": 48}
+        )
+        pipeline.generate(config, str(prompts), None, progress=False)
+    return base / "run"
+
+
+def page_of(run_dir: Path, out: Path | None = None) -> ReportPage:
+    path = build_report(run_dir, out)
+    return ReportPage(path.read_text(encoding="utf-8"))
+
+
+def copy_run(source: Path, target: Path) -> Path:
+    shutil.copytree(source, target, ignore=shutil.ignore_patterns("report.html", ".lock"))
+    return target
+
+
+def test_report_holds_every_section_and_the_numbers_of_status(sim_run: Path) -> None:
+    page = page_of(sim_run)
+    assert (sim_run / "report.html").is_file()
+    assert set(page.sections) == SECTIONS
+    assert page.external == [] and page.scripts == 0  # self-contained, nothing to load or run
+    for key in DRAWN_FROM_RECORDS:
+        section = page.sections[key]
+        assert len(section.images) == 1, key
+        assert section.images[0].startswith(PNG_SIGNATURE) and len(section.images[0]) > 5000
+        assert section.caption and section.title and not section.missing
+    # No telemetry and no canary in this run: left out, with the reason, never drawn empty.
+    assert page.sections["load"].images == []
+    assert "no telemetry.jsonl" in page.sections["load"].missing
+    assert page.sections["canary"].images == []
+    assert "no quality.jsonl" in page.sections["canary"].missing
+
+    status, totals = run_status(sim_run), scan_totals(sim_run)
+    shown = page.status
+    assert status.written > 0 and status.failed > 0 and totals.finish_reasons.get("length")
+    expected = {
+        "planned": status.planned,
+        "plan_complete": True,
+        "written": status.written,
+        "failed": status.failed,
+        "skipped": status.skipped,
+        "left": 0,
+        "prompt_tokens": status.prompt_tokens,
+        "output_tokens": status.completion_tokens,
+        "eta_s": status.eta_s,
+        "finish_reasons": totals.finish_reasons,
+        "failure_reasons": status.failure_reasons,
+    }
+    assert {key: shown[key] for key in expected} == expected
+    # The table shows them as a person reads them.
+    for key in ("planned", "written", "failed", "skipped", "left"):
+        assert page.headline[key].startswith(f"{expected[key]:,}"), (key, page.headline[key])
+    assert page.headline["output_tokens"].startswith(f"{status.completion_tokens:,} ")
+    for reason, count in totals.finish_reasons.items():
+        assert (
+            f"{reason} {count:,} ({count / status.written:.1%})" in page.headline["finish_reasons"]
+        )
+    for reason, count in status.failure_reasons.items():
+        assert f"{reason} {count:,}" in page.headline["failure_reasons"]
+    cut = totals.finish_reasons["length"]
+    assert page.sections["answer_lengths"].caption.startswith(
+        f"{cut:,} ({cut / status.written:.1%}) answers cut at max_new_tokens (48)"
+    )
+    failed = page.sections["failures"].caption
+    assert failed.startswith(f"{status.failed:,} failed and {status.skipped:,} skipped")
+
+
+def test_fixture_canary_and_telemetry_are_drawn_with_their_thresholds(
+    sim_run: Path, tmp_path: Path
+) -> None:
+    run = copy_run(sim_run, tmp_path / "run")
+    start = min(r["created_at"] for r in read_records(run))
+    quality = [
+        {
+            "time": start - 5,
+            "server": "http://a:1",
+            "kind": "baseline",
+            "trigger": "start",
+            "verdict": "pass",
+            "stats": {"mean_shift": 0.001, "topk_kl": 0.002},
+            "thresholds": {"mean_shift": 0.02, "topk_kl": 0.01},
+            "reason": "",
+        },
+        {
+            "time": start + 1,
+            "server": "http://a:1",
+            "kind": "check",
+            "trigger": "period",
+            "verdict": "pass",
+            "stats": {"mean_shift": -0.015, "topk_kl": 0.004},
+            "thresholds": {"mean_shift": 0.02, "topk_kl": 0.01},
+            "reason": "",
+        },
+        {
+            "time": start + 2,
+            "server": "http://a:1",
+            "kind": "check",
+            "trigger": "reconnect",
+            "verdict": "drift",
+            "stats": {"mean_shift": 0.05, "topk_kl": 0.03},
+            "thresholds": {"mean_shift": 0.02, "topk_kl": 0.01},
+            "reason": "topk_kl 0.03 > 0.01",
+        },
+    ]
+    (run / "quality.jsonl").write_bytes(b"".join(orjson.dumps(q) + b"\n" for q in quality))
+    telemetry = []
+    for step in range(20):
+        for server, usage in (("http://a:1", 0.5 + step / 50), ("http://b:2", 0.3)):
+            telemetry.append(
+                {
+                    "time": start + step * 0.1,
+                    "server": server,
+                    "rank": None,
+                    "source": "loads",
+                    "token_usage": usage,
+                    "num_running_reqs": 40 + step,
+                    "num_queue_reqs": step % 3,
+                    "gen_throughput": 500.0,
+                    "num_retracted_reqs": 1 if step in (7, 8) else 0,
+                    "in_flight": 42,
+                    "target": 44,
+                    "spec_accept_length": None,
+                }
+            )
+    lines = b"".join(orjson.dumps(t) + b"\n" for t in telemetry)
+    (run / "telemetry.jsonl").write_bytes(lines + b"not json\n" + b'{"time": 1')  # torn tail
+
+    page = page_of(run)
+    canary, load = page.sections["canary"], page.sections["load"]
+    assert len(canary.images) == 1 and len(load.images) == 1
+    # How near the canary came to firing, the baseline excluded: 0.03 / 0.01 beats 0.05 / 0.02.
+    assert canary.caption.startswith("2 checks after the baseline, 1 not passed")
+    assert "highest against its threshold: topk kl at 300% of it" in canary.caption
+    assert "Last failure: drift on http://a:1 (topk_kl 0.03 > 0.01)." in canary.caption
+    assert load.caption.startswith("40 samples from 2 servers; peak KV usage 88%; 4 retractions.")
+    assert page.headline["quality.canary"].startswith("2 checks, 1 passed, 1 failed")
+    assert "http://a:1: KV 88%, 59 running, 1 queued" in page.headline["load"]
+    # The malformed line is counted, the torn tail (no newline: not committed) is not read.
+    assert "Lines skipped as malformed: telemetry.jsonl 1." in (run / "report.html").read_text()
+    # The reconnect-triggered canary is marked on the rate plot.
+    assert "1 server reconnects marked" in page.sections["throughput"].caption
+
+
+def test_an_empty_run_gets_a_report_that_says_why_each_plot_is_missing(
+    sim_run: Path, tmp_path: Path
+) -> None:
+    run = copy_run(sim_run, tmp_path / "run")
+    for folder in ("shards", "pending"):
+        shutil.rmtree(run / folder, ignore_errors=True)
+    (run / "failures.jsonl").write_bytes(b"")
+    page = page_of(run, tmp_path / "elsewhere" / "r.html")
+    assert set(page.sections) == SECTIONS
+    assert all(not s.images and s.missing for s in page.sections.values())
+    assert page.sections["throughput"].missing.startswith("No records yet")
+    assert page.status["written"] == 0
+
+
+def test_the_record_reader_finds_exactly_what_a_full_parse_finds(sim_run: Path) -> None:
+    lines = list(committed_lines(sim_run))
+    assert len(lines) == run_status(sim_run).written
+    tricky = dict(orjson.loads(lines[0]))
+    tricky["messages"] = [{"role": "user", "content": 'say "flags":["x"] and "created_at":1'}]
+    tricky["text"] = '\\"completion_tokens\\":99 \u00e9\U0001f600 "finish_reason":"length"'
+    tricky["flags"] = ["degenerate", "unbalanced_think"]
+    tricky["spec_verify_ct"] = 17
+    spaced = json.dumps({**tricky, "flags": []}, indent=1).replace("\n", " ").encode() + b"\n"
+    older = {k: v for k, v in tricky.items() if k not in ("flags", "server", "created_at")}
+    for line in [*lines, orjson.dumps(tricky) + b"\n", spaced, orjson.dumps(older) + b"\n"]:
+        record = orjson.loads(line)
+        fields = record_fields(line)
+        assert fields["prompt_tokens"] == record["prompt_tokens"]
+        assert fields["completion_tokens"] == record["completion_tokens"]
+        assert fields["finish_reason"] == record["finish_reason"]
+        assert fields["created_at"] == record.get("created_at", 0.0)
+        assert fields["flags"] == record.get("flags")
+        assert fields["server"] == record.get("server")
+        assert fields["spec_verify_ct"] == record.get("spec_verify_ct")
+
+
+def test_reads_committed_lines_only_and_a_shard_sealed_mid_read_once(
+    sim_run: Path, tmp_path: Path
+) -> None:
+    run = copy_run(sim_run, tmp_path / "run")
+    shards = sorted((run / "shards").glob("shard-*.jsonl"))
+    assert len(shards) >= 3
+    expected = sum(len(p.read_bytes().splitlines()) for p in shards)
+    # The newest shard is still an open journal, its last write torn.
+    journal = run / "pending" / shards[-1].name
+    journal.parent.mkdir(exist_ok=True)
+    shards[-1].rename(journal)
+    whole = journal.read_bytes()
+    journal.write_bytes(whole + whole.splitlines(keepends=True)[0][:40])
+    reader = committed_lines(run)
+    first = next(reader)
+    journal.rename(run / "shards" / journal.name)  # sealed while the report reads
+    assert len([first, *reader]) == expected
+    # Writing the report takes no lock and leaves the run as it found it.
+    before = {p: p.stat().st_mtime_ns for p in run.rglob("*")}
+    build_report(run)
+    after = {p: p.stat().st_mtime_ns for p in run.rglob("*") if p.name != "report.html"}
+    assert after == before
+
+
+def test_records_carry_their_completion_time_not_their_release_time(
+    tokenizer_dir: str, tmp_path: Path
+) -> None:
+    """The guard holds results until a later check (0.5 s apart here); created_at must still be
+    when each answer completed, or the rate plot bunches at the checks."""
+    with SimServerThread(sim_config(tokenizer_dir, latency_s=0.05)) as server:
+        config = make_config(
+            [server.url],
+            tmp_path / "run",
+            server={"guard_interval_s": 0.5, "guard_max_held": 1000},
+            run={"concurrency": 1},
+        )
+        pipeline.generate(config, str(SAMPLES / "sharegpt.jsonl"), None, progress=False)
+    times = sorted(r["created_at"] for r in read_records(tmp_path / "run"))
+    gaps = np.diff(times)
+    # One request at a time, 50 ms each: completions are spread, not released in batches.
+    assert float(np.median(gaps)) > 0.02
+
+
+def test_rate_bins_keep_every_token_and_show_a_pause_as_zero() -> None:
+    times = np.array([100.0, 100.5, 101.2, 160.0, 161.0])
+    tokens = np.array([10.0, 20.0, 30.0, 40.0, 50.0])
+    starts, rate, width = rate_bins(times, tokens, 100.0, 161.0)
+    assert width == 0.5 and len(starts) == len(rate) == 123  # at most 150 bins
+    assert float((rate * width).sum()) == tokens.sum()
+    assert list(rate[:3]) == [20, 40, 60] and rate[60] == 0  # a pause is drawn as a pause
+    _, rate, width = rate_bins(np.array([0.0, 86400.0 * 3]), np.array([1.0, 1.0]), 0, 86400 * 3)
+    assert width == 1800 and len(rate) == 145
+
+
+def test_retractions_read_a_counter_as_increments_and_a_gauge_as_it_is() -> None:
+    counter, gauge = LoadSeries("a"), LoadSeries("b")
+    for value in (3, 3, 5, 5, 6):
+        counter.retracted.append(value)
+    for value in (0, 2, 0, 1, 0):
+        gauge.retracted.append(value)
+    assert list(_retraction_events(counter)) == [0, 0, 2, 0, 1]
+    assert list(_retraction_events(gauge)) == [0, 2, 0, 1, 0]
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        eagledata_cmd(*args), capture_output=True, text=True, timeout=120, check=False
+    )
+
+
+def test_cli_writes_the_report_and_fails_in_one_line(sim_run: Path, tmp_path: Path) -> None:
+    out = tmp_path / "r.html"
+    result = cli("report", str(sim_run), "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == f"report: {out}"
+    assert set(ReportPage(out.read_text()).sections) == SECTIONS
+
+    result = cli("report", str(tmp_path))
+    assert result.returncode == 5 and result.stderr.count("\n") == 1
+    assert result.stderr.startswith(f"eagledata: error: {tmp_path} is not an eagledata run")
+
+    locked = tmp_path / "ro"
+    locked.mkdir()
+    os.chmod(locked, 0o500)
+    try:
+        # root writes anyway: then a path under a file, which nobody can create
+        target = str(out / "x.html") if os.access(locked, os.W_OK) else str(locked / "r.html")
+        result = cli("report", str(sim_run), "--out", target)
+    finally:
+        os.chmod(locked, 0o700)
+    assert result.returncode == 5 and result.stderr.count("\n") == 1, result.stderr
+    assert result.stderr.startswith("eagledata: error: cannot write the report to")
+    assert "Traceback" not in result.stderr
