@@ -22,6 +22,7 @@ from eagledata.run import pipeline
 from eagledata.run.manifest import scan_totals
 from eagledata.run.verify import run_status
 from eagledata.simserver import SimServerThread
+from report_fixtures import write_canary, write_telemetry
 from report_page import PNG_SIGNATURE, ReportPage
 
 SECTIONS = {
@@ -118,60 +119,8 @@ def test_fixture_canary_and_telemetry_are_drawn_with_their_thresholds(
 ) -> None:
     run = copy_run(sim_run, tmp_path / "run")
     start = min(r["created_at"] for r in read_records(run))
-    quality = [
-        {
-            "time": start - 5,
-            "server": "http://a:1",
-            "kind": "baseline",
-            "trigger": "start",
-            "verdict": "pass",
-            "stats": {"mean_shift": 0.001, "topk_kl": 0.002},
-            "thresholds": {"mean_shift": 0.02, "topk_kl": 0.01},
-            "reason": "",
-        },
-        {
-            "time": start + 1,
-            "server": "http://a:1",
-            "kind": "check",
-            "trigger": "period",
-            "verdict": "pass",
-            "stats": {"mean_shift": -0.015, "topk_kl": 0.004},
-            "thresholds": {"mean_shift": 0.02, "topk_kl": 0.01},
-            "reason": "",
-        },
-        {
-            "time": start + 2,
-            "server": "http://a:1",
-            "kind": "check",
-            "trigger": "reconnect",
-            "verdict": "drift",
-            "stats": {"mean_shift": 0.05, "topk_kl": 0.03},
-            "thresholds": {"mean_shift": 0.02, "topk_kl": 0.01},
-            "reason": "topk_kl 0.03 > 0.01",
-        },
-    ]
-    (run / "quality.jsonl").write_bytes(b"".join(orjson.dumps(q) + b"\n" for q in quality))
-    telemetry = []
-    for step in range(20):
-        for server, usage in (("http://a:1", 0.5 + step / 50), ("http://b:2", 0.3)):
-            telemetry.append(
-                {
-                    "time": start + step * 0.1,
-                    "server": server,
-                    "rank": None,
-                    "source": "loads",
-                    "token_usage": usage,
-                    "num_running_reqs": 40 + step,
-                    "num_queue_reqs": step % 3,
-                    "gen_throughput": 500.0,
-                    "num_retracted_reqs": 1 if step in (7, 8) else 0,
-                    "in_flight": 42,
-                    "target": 44,
-                    "spec_accept_length": None,
-                }
-            )
-    lines = b"".join(orjson.dumps(t) + b"\n" for t in telemetry)
-    (run / "telemetry.jsonl").write_bytes(lines + b"not json\n" + b'{"time": 1')  # torn tail
+    write_canary(run, start)
+    write_telemetry(run, start, tail=b"not json\n" + b'{"time": 1')  # a bad line, a torn tail
 
     page = page_of(run)
     canary, load = page.sections["canary"], page.sections["load"]

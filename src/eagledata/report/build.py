@@ -6,21 +6,24 @@ import contextlib
 import os
 from pathlib import Path
 
+from eagledata.errors import StorageError
 from eagledata.report.page import render_page
-from eagledata.report.plots_dist import (
-    answer_length_plot,
-    failures_plot,
-    outcomes_plot,
-    prompt_answer_plot,
-)
-from eagledata.report.plots_time import canary_plot, load_plot, throughput_plot
-from eagledata.report.plotting import Plot
 from eagledata.report.rundata import RunData, gather
-from eagledata.run.writer import storage_error
+from eagledata.report.sections import Plot
+from eagledata.run.manifest import RunDir
 
 
 def draw(data: RunData) -> list[list[Plot]]:
     """The report's plots, in reading order; a row of two is shown side by side."""
+    # matplotlib loads here, not at import: a wrong run directory or --out fails in an instant.
+    from eagledata.report.plots_dist import (
+        answer_length_plot,
+        failures_plot,
+        outcomes_plot,
+        prompt_answer_plot,
+    )
+    from eagledata.report.plots_time import canary_plot, load_plot, throughput_plot
+
     return [
         [throughput_plot(data)],
         [load_plot(data)],
@@ -37,16 +40,32 @@ def report_html(run_dir: Path) -> str:
 
 
 def build_report(run_dir: Path, out: Path | None = None) -> Path:
-    """Write the report of ``run_dir`` to ``out`` (default ``RUN_DIR/report.html``)."""
+    """Write the report of ``run_dir`` to ``out`` (default ``RUN_DIR/report.html``).
+
+    The run directory and the output path are checked before anything is read or drawn; the
+    page is written to a temporary name and renamed, so an open report is never half-written.
+    """
+    RunDir(run_dir).read()
     target = out if out is not None else run_dir / "report.html"
-    html = report_html(run_dir)
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(html, encoding="utf-8")
+        handle = tmp.open("w", encoding="utf-8")
+    except OSError as exc:
+        raise _unwritable(target, exc) from None
+    try:
+        with handle:
+            html = report_html(run_dir)
+            handle.write(html)
         os.replace(tmp, target)
     except OSError as exc:
+        raise _unwritable(target, exc) from None
+    finally:
         with contextlib.suppress(OSError):
             tmp.unlink(missing_ok=True)
-        raise storage_error("write the report to", target, exc) from None
     return target
+
+
+def _unwritable(target: Path, exc: OSError) -> StorageError:
+    reason = exc.strerror or str(exc)
+    return StorageError(f"cannot write the report to {target}: {reason}; pass another --out")

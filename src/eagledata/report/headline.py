@@ -12,14 +12,20 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 from eagledata.report.records_scan import RecordSeries
 from eagledata.run.verify import run_status
-from eagledata.run.writer import iter_jsonl_lines
 
 
-def status_snapshot(path: Path, records: RecordSeries) -> dict[str, Any]:
+def status_snapshot(
+    path: Path,
+    records: RecordSeries,
+    *,
+    canary_enabled: bool,
+    canary: list[dict[str, Any]],
+    latest_load: dict[str, dict[str, Any]],
+) -> dict[str, Any]:
+    """``canary``: the lines of ``quality.jsonl`` in time order; ``latest_load``: the last
+    telemetry sample per server (``URL`` or ``URL#rank``)."""
     status = run_status(path)
     times = [t for t in records.created_at if t > 0]
     span = max(times) - min(times) if len(times) > 1 else 0.0
@@ -38,46 +44,22 @@ def status_snapshot(path: Path, records: RecordSeries) -> dict[str, Any]:
         "eta_s": status.eta_s,
         "finish_reasons": dict(records.finish_reasons),
         "failure_reasons": dict(status.failure_reasons),
-        "quality": {"flags": dict(records.flags), "canary": _canary(path)},
-        "load": _latest_load(path),
+        "quality": {"flags": dict(records.flags), "canary": _canary(canary_enabled, canary)},
+        "load": latest_load or None,
         "speculative": _speculative(records),
     }
 
 
-def _lines(path: Path) -> list[dict[str, Any]]:
-    if not path.is_file():
-        return []
-    found = []
-    for line in iter_jsonl_lines(path):
-        try:
-            value = orjson.loads(line)
-        except orjson.JSONDecodeError:
-            continue
-        if isinstance(value, dict):
-            found.append(value)
-    return found
-
-
-def _canary(path: Path) -> dict[str, Any]:
-    checks = [c for c in _lines(path / "quality.jsonl") if c.get("kind") != "baseline"]
+def _canary(enabled: bool, lines: list[dict[str, Any]]) -> dict[str, Any]:
+    checks = [c for c in lines if c.get("kind") != "baseline"]
     passed = sum(1 for c in checks if c.get("verdict") == "pass")
     return {
-        "enabled": (path / "quality.jsonl").is_file(),
+        "enabled": enabled,
         "checks": len(checks),
         "passed": passed,
         "failed": len(checks) - passed,
         "last": checks[-1] if checks else None,
     }
-
-
-def _latest_load(path: Path) -> dict[str, Any] | None:
-    latest: dict[str, dict[str, Any]] = {}
-    for sample in _lines(path / "telemetry.jsonl"):
-        key = str(sample.get("server", "?"))
-        if sample.get("rank") is not None:
-            key += f"#{sample['rank']}"
-        latest[key] = sample
-    return latest or None
 
 
 def _speculative(records: RecordSeries) -> dict[str, Any] | None:

@@ -15,8 +15,8 @@ from typing import Any
 import orjson
 
 from eagledata import __version__
-from eagledata.report.plotting import WIDTH_IN, Plot, duration
 from eagledata.report.rundata import RunData
+from eagledata.report.sections import WIDTH_IN, Plot, duration
 
 CSS = """
 :root { --ink:#1f2328; --muted:#59636e; --line:#d1d9e0; --bg:#f6f8fa; --ok:#1a7f37;

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 from matplotlib.colors import LogNorm
-from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
 
 from eagledata.report.plotting import (
     BLUE,
@@ -15,15 +15,13 @@ from eagledata.report.plotting import (
     ORANGE,
     PURPLE,
     RED,
-    Plot,
-    missing,
     new_figure,
     render,
-    share,
     styled,
     thousands,
 )
 from eagledata.report.rundata import RunData
+from eagledata.report.sections import Plot, missing, share
 
 # Flags a record may carry (docs/run-directory.md), drawn even at zero so a clean run shows it.
 KNOWN_FLAGS = ("truncated", "empty", "degenerate", "roundtrip_mismatch", "unbalanced_think")
@@ -44,9 +42,11 @@ def _log_axis(axis: Any) -> None:
     axis.set_minor_formatter(NullFormatter())
 
 
-def _log_edges(largest: float, per_decade: int = 12) -> np.ndarray[Any, Any]:
+def _log_edges(largest: float, per_decade: int = 12, smallest: float = 1) -> np.ndarray[Any, Any]:
+    """Log-spaced bin edges from the decade holding ``smallest`` to just past ``largest``."""
+    bottom = math.floor(math.log10(max(smallest, 1)))
     top = math.log10(max(largest, 2) * 1.15)
-    return np.logspace(0, top, max(int(top * per_decade), 8))
+    return np.logspace(bottom, top, max(int((top - bottom) * per_decade), 8))
 
 
 def answer_length_plot(data: RunData) -> Plot:
@@ -55,7 +55,7 @@ def answer_length_plot(data: RunData) -> Plot:
         return missing(key, title, "No records yet.")
     _, answers, cut = _lengths(data)
     limit = data.info.max_new_tokens
-    edges = _log_edges(max(float(answers.max()), float(limit or 0)))
+    edges = _log_edges(max(float(answers.max()), float(limit or 0)), smallest=answers.min())
     clipped = np.clip(answers, 1, None)
     with styled():
         figure = new_figure(3.2, 6.4)
@@ -71,6 +71,7 @@ def answer_length_plot(data: RunData) -> Plot:
         _log_axis(ax.xaxis)
         ax.set_xlabel("output tokens per answer (log scale)")
         ax.set_ylabel("answers")
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
         median = float(np.median(answers))
         ax.axvline(
             max(median, 1), color=INK, linestyle=":", linewidth=1, label=f"median {median:,.0f}"
@@ -124,7 +125,10 @@ def prompt_answer_plot(data: RunData) -> Plot:
                 label="cut at max_new_tokens",
             )
         else:
-            bins = (_log_edges(float(x.max()), 20), _log_edges(float(y.max()), 20))
+            bins = (
+                _log_edges(float(x.max()), 20, smallest=x.min()),
+                _log_edges(float(y.max()), 20, smallest=y.min()),
+            )
             _, _, _, image = ax.hist2d(x, y, bins=bins, norm=LogNorm(), cmap="viridis")
             figure.colorbar(image, ax=ax, label="answers per cell")
         if limit:
@@ -154,6 +158,7 @@ def prompt_answer_plot(data: RunData) -> Plot:
 def _bars(ax: Any, names: list[str], counts: list[int], total: int, colour: str) -> None:
     positions = np.arange(len(names))
     ax.barh(positions, counts, color=colour, height=0.6)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_yticks(positions, names)
     ax.invert_yaxis()
     ax.grid(axis="y", visible=False)

@@ -15,17 +15,15 @@ from eagledata.report.plotting import (
     PURPLE,
     RED,
     SKY,
-    Plot,
     as_datetimes,
-    duration,
-    missing,
     new_figure,
     render,
     styled,
     thousands,
     time_axis,
 )
-from eagledata.report.rundata import RunData
+from eagledata.report.rundata import LoadSeries, RunData
+from eagledata.report.sections import Plot, duration, missing
 
 # Bin widths for the rate plot, seconds: the smallest that leaves at most MAX_BINS bins.
 BIN_WIDTHS = (
@@ -219,7 +217,7 @@ def _peak(values: Any) -> float:
     return float(finite.max()) if finite.size else 0.0
 
 
-def _retraction_events(series: Any) -> np.ndarray[Any, Any]:
+def _retraction_events(series: LoadSeries) -> np.ndarray[Any, Any]:
     """Retractions per sample. SGLang's gauge resets each stats window, a counter only grows:
     a series that never decreases is read as a counter and differenced."""
     values = np.nan_to_num(np.frombuffer(series.retracted, dtype=np.float64))
@@ -228,18 +226,47 @@ def _retraction_events(series: Any) -> np.ndarray[Any, Any]:
     return values
 
 
-def _retractions(series: Any) -> float:
+def _retractions(series: LoadSeries) -> float:
     return float(_retraction_events(series).sum())
 
 
-def _load_panel(ax: Any, series: Any, label: str) -> None:
+MAX_LOAD_POINTS = 1500  # per panel: more than a 1000-pixel-wide axis can show
+
+
+def load_columns(series: LoadSeries) -> dict[str, np.ndarray[Any, Any]]:
+    """A series' columns in time order, averaged into at most MAX_LOAD_POINTS time bins (a
+    sample every 5 s for 57 h is 41k points); retractions are summed per bin, not averaged."""
     order = np.argsort(np.frombuffer(series.time, dtype=np.float64), kind="stable")
-    times = as_datetimes(np.frombuffer(series.time, dtype=np.float64)[order])
+    columns = {
+        name: np.frombuffer(getattr(series, name), dtype=np.float64)[order]
+        for name in ("time", "token_usage", "running", "queued", "target")
+    }
+    columns["retractions"] = _retraction_events(series)[order]
+    times = columns["time"]
+    if len(times) <= MAX_LOAD_POINTS:
+        return columns
+    width = max((times[-1] - times[0]) / MAX_LOAD_POINTS, 1e-9)
+    index = np.minimum(((times - times[0]) / width).astype(np.int64), MAX_LOAD_POINTS - 1)
+    counts = np.bincount(index, minlength=MAX_LOAD_POINTS)
+    binned = {"time": times[0] + np.arange(MAX_LOAD_POINTS) * width}
+    binned["retractions"] = np.bincount(
+        index, weights=columns["retractions"], minlength=MAX_LOAD_POINTS
+    )
+    for name in ("token_usage", "running", "queued", "target"):
+        values = columns[name]
+        finite = np.isfinite(values)
+        sums = np.bincount(index[finite], weights=values[finite], minlength=MAX_LOAD_POINTS)
+        seen = np.bincount(index[finite], minlength=MAX_LOAD_POINTS)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            binned[name] = np.where(seen > 0, sums / np.maximum(seen, 1), np.nan)
+    keep = counts > 0
+    return {name: values[keep] for name, values in binned.items()}
 
-    def column(name: str) -> np.ndarray[Any, Any]:
-        return np.frombuffer(getattr(series, name), dtype=np.float64)[order]
 
-    usage = column("token_usage") * 100
+def _load_panel(ax: Any, series: LoadSeries, label: str) -> None:
+    columns = load_columns(series)
+    times = as_datetimes(columns["time"])
+    usage = columns["token_usage"] * 100
     ax.fill_between(times, usage, color=SKY, alpha=0.35, linewidth=0, step="post")
     ax.step(times, usage, where="post", color=BLUE, linewidth=1, label="KV usage %")
     ax.set_ylim(0, 105)
@@ -253,15 +280,14 @@ def _load_panel(ax: Any, series: Any, label: str) -> None:
         ("queued", ORANGE, "queued requests", "-"),
         ("target", PURPLE, "eagledata's target in flight", "--"),
     ):
-        values = column(name)
+        values = columns[name]
         if np.isfinite(values).any():
             twin.step(
                 times, values, where="post", color=colour, linewidth=1, linestyle=style, label=text
             )
     twin.set_ylabel("requests")
     twin.set_ylim(bottom=0)
-    events = _retraction_events(series)[order]
-    hit = events > 0
+    hit = columns["retractions"] > 0
     if hit.any():
         ax.scatter(
             times[hit],

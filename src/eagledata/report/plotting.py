@@ -9,7 +9,6 @@ from __future__ import annotations
 import io
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
 from typing import Any, cast
 
 import numpy as np
@@ -18,6 +17,8 @@ from matplotlib import rc_context
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+
+from eagledata.report.sections import WIDTH_IN
 
 # Colours that stay apart for colour-blind readers (Okabe-Ito), one meaning each in every plot.
 BLUE = "#0072B2"
@@ -47,23 +48,6 @@ STYLE: dict[str, Any] = {
     "timezone": "UTC",
 }
 DPI = 144  # drawn at twice the CSS size they are shown at: sharp on a laptop's screen
-WIDTH_IN = 10.0
-
-
-@dataclass(frozen=True)
-class Plot:
-    """One section of the report: a picture with a caption, or the one line saying why not."""
-
-    key: str
-    title: str
-    caption: str = ""
-    png: bytes | None = None
-    missing: str | None = None
-    width_in: float = WIDTH_IN
-
-
-def missing(key: str, title: str, why: str) -> Plot:
-    return Plot(key=key, title=title, missing=why)
 
 
 def styled() -> AbstractContextManager[None]:
@@ -104,18 +88,3 @@ def thousands(value: float, _position: object = None) -> str:
     if abs(value) >= 1e4:
         return f"{value / 1e3:g}k"
     return f"{value:,.0f}" if value == int(value) else f"{value:g}"
-
-
-def share(count: int, total: int) -> str:
-    return f"{count:,} ({count / total:.1%})" if total else f"{count:,}"
-
-
-def duration(seconds: float) -> str:
-    seconds = abs(seconds)
-    if seconds < 90:
-        return f"{seconds:.0f} s"
-    if seconds < 5400:
-        return f"{seconds / 60:.0f} min"
-    if seconds < 2 * 86400:
-        return f"{seconds / 3600:.1f} h"
-    return f"{seconds / 86400:.1f} days"

@@ -52,6 +52,7 @@ class CanaryCheck:
     stats: dict[str, float]
     thresholds: dict[str, float]
     reason: str
+    raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
 
 @dataclass
@@ -103,15 +104,22 @@ def gather(path: Path) -> RunData:
     records = scan_records(path)
     checks = _guard_checks(path, skipped)
     canary = _canary_checks(path, skipped)
+    load, latest_load = _load_series(path, skipped)
     interval = _guard_interval(manifest)
     return RunData(
         info=_run_info(path, manifest),
-        status=status_snapshot(path, records),
+        status=status_snapshot(
+            path,
+            records,
+            canary_enabled=(path / "quality.jsonl").is_file(),
+            canary=[c.raw for c in canary],
+            latest_load=latest_load,
+        ),
         records=records,
         checks=checks,
         reconnects=find_reconnects(checks, canary, interval),
         canary=canary,
-        load=_load_series(path, skipped),
+        load=load,
         generated_at=time.time(),
         skipped_lines=skipped,
     )
@@ -206,6 +214,7 @@ def _canary_checks(path: Path, skipped: Counter[str]) -> list[CanaryCheck]:
                 stats=_numbers(entry.get("stats")),
                 thresholds=_numbers(entry.get("thresholds")),
                 reason=str(entry.get("reason") or ""),
+                raw=entry,
             )
         )
     found.sort(key=lambda check: check.time)
@@ -239,29 +248,41 @@ def find_reconnects(
     return found
 
 
-def _load_series(path: Path, skipped: Counter[str]) -> dict[str, LoadSeries]:
+_NUMBERS = (int, float)  # exact types: a JSON true/false is not a count
+_LOAD_COLUMNS = (
+    ("token_usage", "token_usage"),
+    ("running", "num_running_reqs"),
+    ("queued", "num_queue_reqs"),
+    ("retracted", "num_retracted_reqs"),
+    ("in_flight", "in_flight"),
+    ("target", "target"),
+)
+
+
+def _load_series(
+    path: Path, skipped: Counter[str]
+) -> tuple[dict[str, LoadSeries], dict[str, dict[str, Any]]]:
+    """Per server (or rank) columns of telemetry, and each one's latest sample as written.
+
+    The hot loop of a multi-day run (a sample per server every few seconds): kept to plain
+    lookups and appends."""
     series: dict[str, LoadSeries] = {}
+    latest: dict[str, dict[str, Any]] = {}
+    nan = float("nan")
     for entry in _objects(path / "telemetry.jsonl", skipped):
-        moment = _float(entry.get("time"))
-        if moment is None:
+        moment = entry.get("time")
+        if type(moment) not in _NUMBERS or not isinstance(moment, int | float):  # for mypy
             skipped["telemetry.jsonl"] += 1
             continue
-        label = str(entry.get("server", "?"))
-        if entry.get("rank") is not None:
-            label += f" rank {entry['rank']}"
+        server = str(entry.get("server", "?"))
+        rank = entry.get("rank")
+        label = server if rank is None else f"{server} rank {rank}"
         into = series.get(label)
         if into is None:
             into = series[label] = LoadSeries(label)
-        into.time.append(moment)
-        nan = float("nan")
-        for name, key in (
-            ("token_usage", "token_usage"),
-            ("running", "num_running_reqs"),
-            ("queued", "num_queue_reqs"),
-            ("retracted", "num_retracted_reqs"),
-            ("in_flight", "in_flight"),
-            ("target", "target"),
-        ):
-            value = _float(entry.get(key))
-            getattr(into, name).append(nan if value is None else value)
-    return series
+        latest[server if rank is None else f"{server}#{rank}"] = entry
+        into.time.append(float(moment))
+        for name, key in _LOAD_COLUMNS:
+            value = entry.get(key)
+            getattr(into, name).append(value if type(value) in _NUMBERS else nan)
+    return series, latest

@@ -1,0 +1,64 @@
+"""Hand-written ``quality.jsonl`` and ``telemetry.jsonl`` in the documented shapes
+(docs/run-directory.md), for reports of runs made before the canary and the load sampler."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+
+THRESHOLDS = {"mean_shift": 0.02, "topk_kl": 0.01}
+
+
+def write_canary(run: Path, start: float) -> None:
+    checks = [
+        ("baseline", "start", "pass", {"mean_shift": 0.001, "topk_kl": 0.002}, ""),
+        ("check", "period", "pass", {"mean_shift": -0.015, "topk_kl": 0.004}, ""),
+        (
+            "check",
+            "reconnect",
+            "drift",
+            {"mean_shift": 0.05, "topk_kl": 0.03},
+            "topk_kl 0.03 > 0.01",
+        ),
+    ]
+    lines = []
+    for offset, (kind, trigger, verdict, stats, reason) in zip((-5, 1, 2), checks, strict=True):
+        entry = {
+            "time": start + offset,
+            "server": "http://a:1",
+            "kind": kind,
+            "trigger": trigger,
+            "verdict": verdict,
+            "stats": stats,
+            "thresholds": THRESHOLDS,
+            "reason": reason,
+            "requests": 8,
+            "prompt_tokens": 4000,
+            "seconds": 1.5,
+        }
+        lines.append(orjson.dumps(entry) + b"\n")
+    (run / "quality.jsonl").write_bytes(b"".join(lines))
+
+
+def write_telemetry(run: Path, start: float, tail: bytes = b"") -> None:
+    """Two servers, 20 samples each; retractions at samples 7 and 8 on both."""
+    lines = []
+    for step in range(20):
+        for server, usage in (("http://a:1", 0.5 + step / 50), ("http://b:2", 0.3)):
+            sample = {
+                "time": start + step * 0.1,
+                "server": server,
+                "rank": None,
+                "source": "loads",
+                "token_usage": usage,
+                "num_running_reqs": 40 + step,
+                "num_queue_reqs": step % 3,
+                "gen_throughput": 500.0,
+                "num_retracted_reqs": 1 if step in (7, 8) else 0,
+                "in_flight": 42,
+                "target": 44,
+                "spec_accept_length": None,
+            }
+            lines.append(orjson.dumps(sample) + b"\n")
+    (run / "telemetry.jsonl").write_bytes(b"".join(lines) + tail)
