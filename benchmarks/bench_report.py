@@ -7,7 +7,8 @@ Kimi-K2.5's vocabulary, ~4 characters of text per token), 0.2% failures, and the
 57-hour run: a KV check every 30 s, a telemetry sample every 5 s, a canary check every 10 min.
 
 Each measurement runs in a fresh process (so peak RSS is its own) over a warm page cache (one
-untimed read first), and reports wall time and peak RSS:
+untimed read first), and reports wall time, CPU time (the process's own, a fairer figure on a
+busy machine) and peak RSS (VmHWM):
 
 - ``records``: the report's record reader (``report.records_scan.scan_records``) alone;
 - ``full parse``: the same lines through ``orjson.loads``, what a naive reader pays;
@@ -55,12 +56,12 @@ CHILD = """
 import sys, time
 from pathlib import Path
 RUN = Path(sys.argv[1])
-start = time.perf_counter()
+start, cpu = time.perf_counter(), time.process_time()
 {code}
-elapsed = time.perf_counter() - start
+elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
 # VmHWM, not ru_maxrss: Linux carries ru_maxrss over exec from the parent's high-water mark
 peak = next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmHWM"))
-print(elapsed, peak, n)
+print(elapsed, peak, n, cpu)
 """
 
 
@@ -281,6 +282,7 @@ def measure(name: str, run: Path) -> dict[str, Any]:
     return {
         "what": name,
         "seconds": float(out[0]),
+        "cpu_seconds": float(out[3]),
         "peak_rss_mb": int(out[1]) / 2**20,
         "result": int(out[2]),
     }
@@ -301,12 +303,12 @@ def main() -> None:
             row = {"records": records, "shard_bytes": size, **measure(name, run)}
             rows.append(row)
             print(json.dumps(row), file=sys.stderr)
-    print("| records | JSONL on disk | what | wall | peak RSS |")
-    print("|---|---|---|---|---|")
+    print("| records | JSONL on disk | what | wall | CPU | peak RSS |")
+    print("|---|---|---|---|---|---|")
     for row in rows:
         print(
             f"| {row['records']:,} | {row['shard_bytes'] / 1e9:.2f} GB | {row['what']} | "
-            f"{row['seconds']:.1f} s | {row['peak_rss_mb']:.0f} MB |"
+            f"{row['seconds']:.1f} s | {row['cpu_seconds']:.1f} s | {row['peak_rss_mb']:.0f} MB |"
         )
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(

@@ -15,9 +15,14 @@ import pytest
 
 from conftest import SAMPLES, eagledata_cmd, make_config, read_records, sim_config
 from eagledata.report import build_report
-from eagledata.report.plots_time import _retraction_events, rate_bins
+from eagledata.report.plots_time import (
+    MAX_LOAD_POINTS,
+    _retraction_events,
+    load_columns,
+    rate_bins,
+)
 from eagledata.report.records_scan import committed_lines, record_fields
-from eagledata.report.rundata import LoadSeries
+from eagledata.report.rundata import CanaryCheck, GuardCheck, LoadSeries, find_reconnects
 from eagledata.run import pipeline
 from eagledata.run.manifest import scan_totals
 from eagledata.run.verify import run_status
@@ -135,7 +140,7 @@ def test_fixture_canary_and_telemetry_are_drawn_with_their_thresholds(
     # The malformed line is counted, the torn tail (no newline: not committed) is not read.
     assert "Lines skipped as malformed: telemetry.jsonl 1." in (run / "report.html").read_text()
     # The reconnect-triggered canary is marked on the rate plot.
-    assert "1 server reconnects marked" in page.sections["throughput"].caption
+    assert "1 server reconnect marked" in page.sections["throughput"].caption
 
 
 def test_an_empty_run_gets_a_report_that_says_why_each_plot_is_missing(
@@ -267,3 +272,31 @@ def test_cli_writes_the_report_and_fails_in_one_line(sim_run: Path, tmp_path: Pa
     assert result.returncode == 5 and result.stderr.count("\n") == 1, result.stderr
     assert result.stderr.startswith("eagledata: error: cannot write the report to")
     assert "Traceback" not in result.stderr
+
+
+def test_a_server_back_after_a_silence_is_a_reconnect() -> None:
+    checks = [GuardCheck(t, "http://a:1", True, ()) for t in (0, 30, 60, 300, 330)]
+    checks += [GuardCheck(t, "http://b:2", True, ()) for t in (0, 30, 60, 90)]
+    canary = [CanaryCheck(400, "http://b:2", "check", "reconnect", "pass", {}, {}, "")]
+    found = find_reconnects(sorted(checks, key=lambda c: c.time), canary, guard_interval_s=30)
+    assert [(r.time, r.server, r.silent_s, r.source) for r in found] == [
+        (300, "http://a:1", 240, "checks"),
+        (400, "http://b:2", 0.0, "canary"),
+    ]
+
+
+def test_long_telemetry_is_averaged_into_bins_and_keeps_every_retraction() -> None:
+    series = LoadSeries("a")
+    for step in range(41_040):  # 57 h of a sample every 5 s
+        series.time.append(step * 5.0)
+        series.token_usage.append(0.9)
+        series.running.append(float(step % 50))
+        series.queued.append(float("nan") if step % 2 else 1.0)
+        series.target.append(48.0)
+        series.retracted.append(1.0 if step % 1000 == 0 else 0.0)
+        series.in_flight.append(48.0)
+    columns = load_columns(series)
+    assert len(columns["time"]) == MAX_LOAD_POINTS
+    assert float(columns["retractions"].sum()) == 42
+    assert np.allclose(columns["token_usage"], 0.9) and np.allclose(columns["queued"], 1.0)
+    assert abs(float(columns["running"].mean()) - 24.5) < 0.5

@@ -87,7 +87,11 @@ def throughput_plot(data: RunData) -> Plot:
         )
         return missing(key, title, why)
     times, tokens = times[dated], tokens[dated]
-    start, end = float(times.min()), float(times.max())
+    first, last = float(times.min()), float(times.max())
+    # The axis spans the run's KV checks and reconnects too: the first check precedes the first
+    # answer, and a server that came back after the last answer is part of the story.
+    events = [c.time for c in data.checks] + [r.time for r in data.reconnects]
+    start, end = min([first, *events]), max([last, *events])
     starts, rate, width = rate_bins(times, tokens, start, end)
     overall = float(data.status["tok_s"]["overall"] or 0.0)
     with styled():
@@ -114,10 +118,10 @@ def throughput_plot(data: RunData) -> Plot:
         png = render(figure)
     refused = sum(1 for c in data.checks if not c.ok)
     caption = (
-        f"{data.records.records:,} answers completed over {duration(end - start)}; "
+        f"{data.records.records:,} answers completed over {duration(last - first)}; "
         f"each bar is the output tokens of the answers that completed in it. "
         f"{len(data.checks):,} KV checks ({refused} refused), "
-        f"{len(data.reconnects)} server reconnects marked."
+        f"{len(data.reconnects)} server reconnect{'' if len(data.reconnects) == 1 else 's'} marked."
     )
     return Plot(key, title, caption, png)
 

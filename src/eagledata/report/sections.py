@@ -30,6 +30,8 @@ def share(count: int, total: int) -> str:
 
 def duration(seconds: float) -> str:
     seconds = abs(seconds)
+    if seconds < 10:
+        return f"{seconds:.1f} s"
     if seconds < 90:
         return f"{seconds:.0f} s"
     if seconds < 5400:
