@@ -82,11 +82,16 @@ def _reasons(counts: dict[str, int], total: int) -> str:
 
 
 def _canary(canary: dict[str, Any]) -> str:
-    if not canary.get("enabled"):
-        return "off (no quality.jsonl)"
-    checks, failed = canary.get("checks", 0), canary.get("failed", 0)
+    checks, baseline = canary.get("checks", 0), canary.get("baseline", 0)
+    if not checks and not baseline:
+        if canary.get("disabled_by_flag"):
+            return "off (--no-canary)"
+        return "on, no check yet" if canary.get("enabled") else "off (no quality.jsonl)"
+    failed, errors = canary.get("failed", 0), canary.get("errors", 0)
     text = f"{checks:,} checks, {canary.get('passed', 0):,} passed, "
     text += f'<span class="{"bad" if failed else "ok"}">{failed:,} failed</span>'
+    if errors:
+        text += f", {errors:,} could not run"
     last = canary.get("last")
     if isinstance(last, dict):
         text += (

@@ -45,7 +45,7 @@ _VALUE = re.compile(
 # ids and text, then provenance): searched from that end. Only speed depends on it: a key
 # occurs once in a line, so find and rfind return the same place.
 _HEAD = ("created_at", "prompt_tokens", "completion_tokens", "finish_reason")
-_TAIL = ("flags", "server", "spec_verify_ct")
+_TAIL = ("flags",)
 _KEYS = {name: b'"' + name.encode() + b'":' for name in _HEAD + _TAIL}
 _REQUIRED = _HEAD
 
@@ -68,8 +68,8 @@ def _field(line: bytes, name: str) -> Any:
 
 
 def record_fields(line: bytes) -> dict[str, Any]:
-    """The report's fields of one record line (``flags``, ``server`` and
-    ``spec_verify_ct`` are None when the record does not carry them)."""
+    """The report's fields of one record line (``flags`` is None when the record does not
+    carry it: written before record flags existed)."""
     try:
         fields = {name: _field(line, name) for name in _KEYS}
         _check_types(fields)
@@ -88,8 +88,6 @@ def _check_types(fields: dict[str, Any], strict: bool = True) -> None:
         and type(fields["completion_tokens"]) is int
         and isinstance(fields["finish_reason"], str)
         and (fields["flags"] is None or isinstance(fields["flags"], list))
-        and (fields["server"] is None or isinstance(fields["server"], str))
-        and (fields["spec_verify_ct"] is None or type(fields["spec_verify_ct"]) is int)
     )
     if ok:
         return
@@ -103,10 +101,6 @@ def _check_types(fields: dict[str, Any], strict: bool = True) -> None:
         fields["finish_reason"] = "?"
     if not isinstance(fields["flags"], list):
         fields["flags"] = None
-    if not isinstance(fields["server"], str):
-        fields["server"] = None
-    if type(fields["spec_verify_ct"]) is not int:
-        fields["spec_verify_ct"] = None
 
 
 def _number(value: Any) -> float:
@@ -166,10 +160,6 @@ class RecordSeries:
     # records that carry a ``flags`` list (older records do not), and those with any flag
     with_flags_field: int = 0
     flagged: int = 0
-    per_server: Counter[str] = field(default_factory=Counter)
-    # speculative decoding: output tokens and verify steps of the records that report them
-    spec_tokens: int = 0
-    spec_verify_steps: int = 0
 
     @property
     def records(self) -> int:
@@ -187,12 +177,6 @@ class RecordSeries:
             if flags:
                 self.flagged += 1
                 self.flags.update(str(flag) for flag in flags)
-        if fields["server"]:
-            self.per_server[fields["server"]] += 1
-        verify = fields["spec_verify_ct"]
-        if verify:
-            self.spec_tokens += fields["completion_tokens"]
-            self.spec_verify_steps += verify
 
 
 def scan_records(run_dir: Path) -> RecordSeries:

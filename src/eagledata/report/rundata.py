@@ -52,7 +52,6 @@ class CanaryCheck:
     stats: dict[str, float]
     thresholds: dict[str, float]
     reason: str
-    raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
 
 @dataclass
@@ -104,17 +103,11 @@ def gather(path: Path) -> RunData:
     records = scan_records(path)
     checks = _guard_checks(path, skipped)
     canary = _canary_checks(path, skipped)
-    load, latest_load = _load_series(path, skipped)
+    load = _load_series(path, skipped)
     interval = _guard_interval(manifest)
     return RunData(
         info=_run_info(path, manifest),
-        status=status_snapshot(
-            path,
-            records,
-            canary_enabled=(path / "quality.jsonl").is_file(),
-            canary=[c.raw for c in canary],
-            latest_load=latest_load,
-        ),
+        status=status_snapshot(path),
         records=records,
         checks=checks,
         reconnects=find_reconnects(checks, canary, interval),
@@ -214,7 +207,6 @@ def _canary_checks(path: Path, skipped: Counter[str]) -> list[CanaryCheck]:
                 stats=_numbers(entry.get("stats")),
                 thresholds=_numbers(entry.get("thresholds")),
                 reason=str(entry.get("reason") or ""),
-                raw=entry,
             )
         )
     found.sort(key=lambda check: check.time)
@@ -259,15 +251,12 @@ _LOAD_COLUMNS = (
 )
 
 
-def _load_series(
-    path: Path, skipped: Counter[str]
-) -> tuple[dict[str, LoadSeries], dict[str, dict[str, Any]]]:
-    """Per server (or rank) columns of telemetry, and each one's latest sample as written.
+def _load_series(path: Path, skipped: Counter[str]) -> dict[str, LoadSeries]:
+    """Per server (or rank) columns of telemetry.
 
     The hot loop of a multi-day run (a sample per server every few seconds): kept to plain
     lookups and appends."""
     series: dict[str, LoadSeries] = {}
-    latest: dict[str, dict[str, Any]] = {}
     nan = float("nan")
     for entry in _objects(path / "telemetry.jsonl", skipped):
         moment = entry.get("time")
@@ -280,9 +269,8 @@ def _load_series(
         into = series.get(label)
         if into is None:
             into = series[label] = LoadSeries(label)
-        latest[server if rank is None else f"{server}#{rank}"] = entry
         into.time.append(float(moment))
         for name, key in _LOAD_COLUMNS:
             value = entry.get(key)
             getattr(into, name).append(value if type(value) in _NUMBERS else nan)
-    return series, latest
+    return series
