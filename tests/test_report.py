@@ -14,7 +14,7 @@ import orjson
 import pytest
 
 from conftest import SAMPLES, eagledata_cmd, make_config, read_records, sim_config
-from eagledata.report import build_report
+from eagledata.report import build_report, records_scan
 from eagledata.report.plots_time import (
     MAX_LOAD_POINTS,
     _retraction_events,
@@ -304,3 +304,16 @@ def test_long_telemetry_is_averaged_into_bins_and_keeps_every_retraction() -> No
     assert float(columns["retractions"].sum()) == 42
     assert np.allclose(columns["token_usage"], 0.9) and np.allclose(columns["queued"], 1.0)
     assert abs(float(columns["running"].mean()) - 24.5) < 0.5
+
+
+@pytest.mark.parametrize("block", [1, 7, 64, 1 << 23])
+def test_line_spans_across_blocks_and_past_the_buffer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, block: int
+) -> None:
+    monkeypatch.setattr(records_scan, "BLOCK", block)
+    lines = [b"a", b"", b"x" * 200, b'{"k":1}', b"tail"]
+    path = tmp_path / "f.jsonl"
+    path.write_bytes(b"\n".join(lines) + b"\ntorn, no newline")
+    with path.open("rb", buffering=0) as handle:
+        got = [bytes(buf[start:end]) for buf, start, end in records_scan.line_spans(handle)]
+    assert got == lines

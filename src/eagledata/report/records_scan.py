@@ -22,6 +22,7 @@ from array import array
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from io import FileIO
 from pathlib import Path
 from typing import Any
 
@@ -50,35 +51,43 @@ _KEYS = {name: b'"' + name.encode() + b'":' for name in _HEAD + _TAIL}
 _REQUIRED = _HEAD
 
 
+Buffer = bytes | bytearray
+
+
 class _Odd(Exception):
     """This line does not fit the fast path: parse it whole."""
 
 
-def _field(line: bytes, name: str) -> Any:
+def _field(buf: Buffer, start: int, end: int, name: str) -> Any:
     key = _KEYS[name]
-    at = line.find(key) if name in _HEAD else line.rfind(key)
+    at = buf.find(key, start, end) if name in _HEAD else buf.rfind(key, start, end)
     if at < 0:
         if name in _REQUIRED:
             raise _Odd
         return None
-    match = _VALUE.match(line, at + len(key))
+    match = _VALUE.match(buf, at + len(key), end)
     if match is None:
         raise _Odd
     return orjson.loads(match.group())
 
 
-def record_fields(line: bytes) -> dict[str, Any]:
-    """The report's fields of one record line (``flags`` is None when the record does not
-    carry it: written before record flags existed)."""
+def fields_in(buf: Buffer, start: int, end: int) -> dict[str, Any]:
+    """The report's fields of the record line ``buf[start:end]`` (newline excluded);
+    ``flags`` is None when the record does not carry it (written before flags existed)."""
     try:
-        fields = {name: _field(line, name) for name in _KEYS}
+        fields = {name: _field(buf, start, end, name) for name in _KEYS}
         _check_types(fields)
         return fields
     except (_Odd, orjson.JSONDecodeError):
-        record = orjson.loads(line)
+        record = orjson.loads(buf[start:end])
         fields = {name: record.get(name) for name in _KEYS}
         _check_types(fields, strict=False)
         return fields
+
+
+def record_fields(line: bytes) -> dict[str, Any]:
+    """``fields_in`` for one line on its own."""
+    return fields_in(line, 0, len(line) - 1 if line.endswith(b"\n") else len(line))
 
 
 def _check_types(fields: dict[str, Any], strict: bool = True) -> None:
@@ -107,40 +116,57 @@ def _number(value: Any) -> float:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0.0
 
 
-BLOCK = 1 << 23  # read 8 MB at a time: Python's readline is slow on 50 KB lines
+BLOCK = 1 << 23  # 8 MB reads: Python's readline crawls on 50 KB lines
 
 
-def whole_lines(path: Path) -> Iterator[bytes]:
-    """The newline-terminated lines of ``path`` as it is now; a torn tail is not a line."""
-    with path.open("rb", buffering=0) as handle:
-        rest = b""
-        while block := handle.read(BLOCK):
-            lines = (rest + block if rest else block).split(b"\n")
-            rest = lines.pop()  # after the last newline: not a whole line (yet)
-            yield from lines
-        # ``rest`` has no newline: an uncommitted tail (a write in progress, or torn)
+def line_spans(handle: FileIO) -> Iterator[tuple[bytearray, int, int]]:
+    """``(buffer, start, end)`` of each newline-terminated line of ``handle``, read in blocks
+    into one buffer and never copied out; a span is valid until the next one is taken. What
+    follows the last newline is not a line: a write in progress, or a torn tail."""
+    buf = bytearray(BLOCK)
+    filled = 0
+    while True:
+        if filled == len(buf):  # one line longer than the buffer: grow it
+            buf.extend(bytes(len(buf)))
+        read = handle.readinto(memoryview(buf)[filled:])
+        if not read:
+            return
+        filled += read
+        pos = 0
+        while (newline := buf.find(b"\n", pos, filled)) >= 0:
+            yield buf, pos, newline
+            pos = newline + 1
+        buf[: filled - pos] = buf[pos:filled]  # the unfinished line moves to the front
+        filled -= pos
 
 
-def committed_lines(run_dir: Path) -> Iterator[bytes]:
-    """Every committed record line: sealed shards, then whole lines of the open journal."""
+def committed_files(run_dir: Path) -> Iterator[FileIO]:
+    """Every record file, open: sealed shards, then the open journal (``pending/``).
+
+    Sealing renames ``pending/NAME`` to ``shards/NAME`` (same name, atomic): each name is looked
+    for in ``shards/``, then ``pending/``, then ``shards/`` again in case the rename happened in
+    between, so a shard sealed while the report reads is read once."""
     shards, pending = run_dir / "shards", run_dir / "pending"
     names: set[str] = set()
     for folder in (shards, pending):
         if folder.is_dir():
             names.update(name for name in os.listdir(folder) if SHARD_PATTERN.match(name))
     for name in sorted(names):
-        # Sealing renames pending/NAME to shards/NAME (same name, atomic): look in shards/ first,
-        # then pending/, then shards/ again in case the rename happened in between.
         for path in (shards / name, pending / name, shards / name):
             try:
-                lines = whole_lines(path)
-                first = next(lines, None)
+                handle = path.open("rb", buffering=0)
             except FileNotFoundError:
                 continue
-            if first is not None:
-                yield first
-                yield from lines
+            with handle:
+                yield handle
             break
+
+
+def committed_lines(run_dir: Path) -> Iterator[bytes]:
+    """Every committed record line, newline excluded (a copy each: for checks, not speed)."""
+    for handle in committed_files(run_dir):
+        for buf, start, end in line_spans(handle):
+            yield bytes(buf[start:end])
 
 
 @dataclass
@@ -182,6 +208,7 @@ class RecordSeries:
 def scan_records(run_dir: Path) -> RecordSeries:
     """Stream every committed record once; memory does not grow with a record's size."""
     series = RecordSeries()
-    for line in committed_lines(run_dir):
-        series.add(record_fields(line))
+    for handle in committed_files(run_dir):
+        for buf, start, end in line_spans(handle):
+            series.add(fields_in(buf, start, end))
     return series
