@@ -11,6 +11,7 @@ from eagledata.report.plotting import (
     BLUE,
     GREEN,
     GREY,
+    INK,
     ORANGE,
     PURPLE,
     RED,
@@ -103,7 +104,7 @@ def throughput_plot(data: RunData) -> Plot:
         if overall > 0:
             ax.axhline(
                 overall,
-                color=INK_DASH,
+                color=INK,
                 linestyle="--",
                 linewidth=1,
                 label=f"overall {overall:,.0f} tok/s",
@@ -124,9 +125,6 @@ def throughput_plot(data: RunData) -> Plot:
         f"{len(data.reconnects)} server reconnect{'' if len(data.reconnects) == 1 else 's'} marked."
     )
     return Plot(key, title, caption, png)
-
-
-INK_DASH = "#444444"
 
 
 def _mark_checks(ax: Any, data: RunData, start: float, end: float) -> None:
