@@ -16,13 +16,14 @@ from eagledata.run.manifest import RunDir
 def draw(data: RunData) -> list[list[Plot]]:
     """The report's plots, in reading order; a row of two is shown side by side."""
     # matplotlib loads here, not at import: a wrong run directory or --out fails in an instant.
+    from eagledata.report.plots_canary import canary_plot
     from eagledata.report.plots_dist import (
         answer_length_plot,
         failures_plot,
         outcomes_plot,
         prompt_answer_plot,
     )
-    from eagledata.report.plots_time import canary_plot, load_plot, throughput_plot
+    from eagledata.report.plots_time import load_plot, throughput_plot
 
     return [
         [throughput_plot(data)],
