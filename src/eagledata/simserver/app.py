@@ -14,6 +14,7 @@ from pydantic import ValidationError
 from eagledata.errors import EagledataError
 from eagledata.simserver.config import SimConfig, model_info, resolve_model, server_info
 from eagledata.simserver.faults import apply_fault_abort, draw_faults
+from eagledata.simserver.logprobs import trim_to_output
 from eagledata.simserver.metrics import render_metrics
 from eagledata.simserver.protocol import SimRequestError, abort_reason, bad_body, queue_full_body
 from eagledata.simserver.requests import Parsed, parse_generate
@@ -149,6 +150,9 @@ async def generate(request: web.Request) -> web.StreamResponse:
     stats.outcomes[_outcome(parsed, faults)] += 1
     bad = "bad_count" in faults
     out = [_item_json(state, it, spec, arrived, bad_count=bad) for it, spec in parsed.pairs]
+    for body, extra in zip(out, parsed.logprob_meta, strict=False):  # logprobs.py
+        if extra is not None:
+            body["meta_info"].update(trim_to_output(extra, len(body["output_ids"])))
     return _json(out[0] if parsed.single else out)
 
 
@@ -282,6 +286,7 @@ async def flush_cache(request: web.Request) -> web.Response:
     if scheduler.live:
         return web.Response(status=400, text="Cache not flushed: requests are running or queued.")
     scheduler.prefix_seen.clear()
+    request.app[STATE].prefix_cache.clear()
     return web.Response(text="Cache flushed.")
 
 

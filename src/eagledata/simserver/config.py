@@ -105,6 +105,20 @@ class SimConfig(BaseModel):
     loop_rate: Rate = 0.0
     """Share of answers that fall into a loop and repeat it until ``max_new_tokens``."""
 
+    # --- logprobs and silent degradation (simserver/logprobs.py) -------------------------------
+    logprobs_supported: bool = True
+    """False: ``return_logprob`` is ignored (no logprob fields), as by a server or proxy that
+    drops them."""
+    logprob_noise: float = Field(default=0.01, ge=0.0)
+    """bf16 batch noise: SD of every logit, per request, in nats."""
+    routing_flip_rate: Rate = 0.0
+    """Share of positions whose logits all move by N(0, 0.4): MoE near-ties routed elsewhere."""
+    degraded: bool = False
+    """Silent degradation: every dtype report stays bf16, but tokens that read pooled KV score
+    lower and decode produces other tokens (an fp8 or corrupted cache, a bad kernel)."""
+    degrade_shift: float = Field(default=0.05, ge=0.0)
+    degrade_sigma: float = Field(default=0.05, ge=0.0)
+
     @model_validator(mode="after")
     def _check(self) -> SimConfig:
         if self.enable_dp_attention and (self.dp_size < 2 or self.tp_size % self.dp_size):

@@ -43,6 +43,21 @@ def _body(
     return ids
 
 
+def degraded_answer(
+    model: ModelSpec, ids: list[int], h: bytes, banned: frozenset[int], finish: FinishReason
+) -> list[int]:
+    """What a silently degraded server decodes instead: the same answer for a while (the
+    first tokens read little pooled KV), then other tokens; same length and finish."""
+    body_end = len(ids) - (1 if finish.get("type") == "stop" else 0)
+    if body_end <= 1:
+        return ids
+    keep = 1 + int.from_bytes(h[8:10]) % max(1, body_end // 3)
+    other = _body(model, int.from_bytes(h[10:14]) ^ 0x5A5A5A, body_end - keep, banned)
+    if other and other[0] == ids[keep]:
+        other[0] = next(t for t in model.table if t != ids[keep] and t not in banned)
+    return [*ids[:keep], *other, *ids[body_end:]]
+
+
 def answer_hash(
     digest: bytes, spec: SamplingSpec, config: SimConfig, index: int, fp8: bool
 ) -> bytes:
@@ -101,6 +116,8 @@ def generate(
     elif shape == LOOP:
         ids = loop_answer(_body(model, offset, max_new, banned), h, max_new)
         finish = {"type": "length", "length": max_new}
+    if config.degraded and ids:
+        ids = degraded_answer(model, ids, h, banned, finish)
     if fp8:
         twin = generate(model, digest, spec, max_new, config, fp8=False, sample_index=index)
         if twin[0] == ids and ids:  # fp8 must visibly differ from bf16: nudge the first token

@@ -5,11 +5,17 @@ from __future__ import annotations
 import hashlib
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from eagledata.simserver.config import ModelSpec
 from eagledata.simserver.engine import answer_shape, generate, prompt_digest
+from eagledata.simserver.logprobs import (
+    LogprobRequest,
+    Noise,
+    logprob_meta,
+    parse_logprob_requests,
+)
 from eagledata.simserver.protocol import bad_body, bad_value
 from eagledata.simserver.sampling import SamplingSpec, parse_sampling, resolve_max_new
 from eagledata.simserver.scheduler import Item
@@ -22,6 +28,8 @@ class Parsed:
     single: bool
     stream: bool
     fault_key: bytes
+    logprob_meta: list[dict[str, Any] | None] = field(default_factory=list)
+    """Per pair: the logprob fields of its ``meta_info`` (logprobs.py), or None."""
 
 
 def _prompts(obj: dict[str, Any], model: ModelSpec) -> tuple[list[list[int]], bool]:
@@ -111,16 +119,55 @@ def parse_generate(obj: Any, state: SimState) -> Parsed:
     pairs: list[tuple[Item, SamplingSpec]] = []
     fp8, dtype = config.is_fp8(), config.effective_kv_dtype()
     digests = []
-    for ids, spec, max_new in zip(prompts, specs, budgets, strict=True):
+    wants = parse_logprob_requests(obj, prompts, config.version_tuple(), config.logprobs_supported)
+    metas: list[dict[str, Any] | None] = []
+    for ids, spec, max_new, want in zip(prompts, specs, budgets, wants, strict=True):
         digest = prompt_digest(ids)
         digests.append(digest + spec.sampling_key)
         for j in range(n):
             out, finish = generate(model, digest, spec, max_new, config, fp8=fp8, sample_index=j)
             item = Item(rids[len(pairs)], len(ids), out, finish)
             shape = answer_shape(digest, spec, config, j, max_new)
-            state.answers.note(item.rid, shape, False, time.time())
+            state.answers.note(item.rid, shape, config.degraded, time.time())
             item.kv_dtype = dtype
             item.cached = state.scheduler.note_prefix(config, digest, len(ids))
+            item.cached = _cached(state, ids, item.cached, want)
+            metas.append(_logprobs(state, want, ids, out, item.cached))
             pairs.append((item, spec))
     key = hashlib.blake2b(b"".join(digests), digest_size=16).digest()
-    return Parsed(pairs, single and n == 1, stream, key)
+    return Parsed(pairs, single and n == 1, stream, key, metas)
+
+
+def _cached(state: SimState, ids: list[int], seen: int, want: LogprobRequest | None) -> int:
+    """The radix cache's match (prefix_cache.py); never past ``logprob_start_len``."""
+    if state.config.disable_radix_cache:
+        return seen
+    cap = want.start if want is not None else None
+    cached = max(seen, state.prefix_cache.match_and_insert(ids, cap))
+    return cached if cap is None else min(cached, cap)
+
+
+def _logprobs(
+    state: SimState, want: LogprobRequest | None, ids: list[int], out: list[int], cached: int
+) -> dict[str, Any] | None:
+    if want is None:
+        return None
+    config = state.config
+    noise = Noise(
+        config.logprob_noise,
+        config.routing_flip_rate,
+        config.degrade_shift,
+        config.degrade_sigma,
+        state.noise_rng,
+    )
+    decode = state.model.decode if state.model.tokenizer is not None else None
+    return logprob_meta(
+        want,
+        ids,
+        out,
+        vocab=state.model.vocab_size,
+        noise=noise,
+        degraded=config.degraded,
+        cached=cached,
+        decode=decode,
+    )

@@ -5,10 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 from aiohttp import web
 
 from eagledata.simserver.answers import AnswerLedger
 from eagledata.simserver.config import ModelSpec, SimConfig, resolve_model
+from eagledata.simserver.prefix_cache import PrefixCache
 from eagledata.simserver.scheduler import RUNNING, Scheduler
 from eagledata.simserver.speculative import SpecTally
 
@@ -23,6 +25,9 @@ class SimState:
     port: int = 0
     attempts: dict[bytes, int] = field(default_factory=dict)
     answers: AnswerLedger = field(default_factory=AnswerLedger)
+    prefix_cache: PrefixCache = field(default_factory=PrefixCache)
+    noise_rng: np.random.Generator = field(default_factory=np.random.default_rng)
+    """Batch noise is not reproducible on a real server either: seeded from the OS."""
     """Each answer's drawn shape and whether it was produced degraded (ground truth)."""
     spec_tally: SpecTally = field(default_factory=SpecTally)
 

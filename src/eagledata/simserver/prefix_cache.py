@@ -1,0 +1,55 @@
+"""A prefix cache for the simulated server: what SGLang's radix cache does to ``cached_tokens``.
+
+Every request's prompt is inserted (SGLang inserts a prompt into the radix tree once its prefill
+is done; a ``max_new_tokens: 0`` request is a prefill and nothing else, which is how a client warms
+a prompt). A later prompt that starts with a cached one reports the matched length as
+``cached_tokens``. Matching follows SGLang 0.5.9 (sglang-quality-and-load.md section 1):
+
+* it is capped at ``len(input_ids) - 1`` (the last token is always computed), and
+* with ``return_logprob`` at ``logprob_start_len``: the tokens whose logprobs are asked for are
+  always computed, never taken from the cache.
+
+Prefixes are kept as hashes at every ``PAGE``-token boundary, least recently used evicted past
+``MAX_PAGES``: memory stays bounded whatever the run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+
+PAGE = 16
+MAX_PAGES = 1 << 20
+
+
+class PrefixCache:
+    def __init__(self) -> None:
+        self._pages: dict[bytes, None] = {}
+
+    def _boundaries(self, ids: list[int]) -> list[bytes]:
+        """Hashes of ids[:PAGE], ids[:2*PAGE], ...: each chains the previous one."""
+        keys, previous = [], b""
+        for end in range(PAGE, len(ids) + 1, PAGE):
+            chunk = array("q", ids[end - PAGE : end]).tobytes()
+            previous = hashlib.blake2b(previous + chunk, digest_size=12).digest()
+            keys.append(previous)
+        return keys
+
+    def match_and_insert(self, ids: list[int], cap: int | None = None) -> int:
+        """Cached tokens for this prompt (at most ``cap``), then remember the prompt."""
+        keys = self._boundaries(ids)
+        matched = 0
+        for index, key in enumerate(keys):
+            if key not in self._pages:
+                break
+            matched = (index + 1) * PAGE
+        for key in keys:  # insert, or refresh as most recently used
+            self._pages.pop(key, None)
+            self._pages[key] = None
+        while len(self._pages) > MAX_PAGES:
+            del self._pages[next(iter(self._pages))]
+        limit = len(ids) - 1 if cap is None else min(cap, len(ids) - 1)
+        return max(0, min(matched, limit))
+
+    def clear(self) -> None:
+        self._pages.clear()
