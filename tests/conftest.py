@@ -71,6 +71,8 @@ def make_config(urls: list[str], out_dir: Path, **sections: dict[str, Any]) -> A
             "connect_timeout_s": 2,
         },
         "run": {"out_dir": str(out_dir), "shard_size": 7, "concurrency": 8},
+        # The canary has its own tests (test_canary.py); the others test other things.
+        "canary": {"enabled": False},
     }
     for name, values in sections.items():
         raw.setdefault(name, {}).update(values)

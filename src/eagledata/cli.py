@@ -82,11 +82,20 @@ def generate(
     concurrency: Annotated[int | None, typer.Option(help="Requests in flight")] = None,
     samples: Annotated[int | None, typer.Option(help="Samples per prompt")] = None,
     progress: ProgressOpt = True,
+    no_canary: Annotated[
+        bool, typer.Option("--no-canary", help="No logprob canary (frozen for the run)")
+    ] = False,
+    canary_baseline: Annotated[
+        Path | None,
+        typer.Option(help="A shared canary baseline (eagledata canary) instead of a new one"),
+    ] = None,
 ) -> None:
     """Generate completions for a dataset into a run directory (continues it if it exists)."""
     from eagledata.run import pipeline
 
     overrides = {
+        "canary.enabled": False if no_canary else None,
+        "canary.baseline": str(canary_baseline) if canary_baseline else None,
         "server.urls": server or None,
         "tokenizer.name": tokenizer,
         "run.limit": limit,
@@ -144,6 +153,26 @@ def status(
         typer.echo(orjson.dumps(report.to_json()).decode())
     else:
         typer.echo(report.render())
+
+
+@app.command()
+def canary(
+    dataset: Annotated[
+        str, typer.Option("--dataset", "-d", help="Draw the canary's prompts from this dataset")
+    ],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Where to write the baseline")],
+    config: ConfigOpt = None,
+    server: ServerOpt = None,
+    tokenizer: Annotated[str | None, typer.Option(help="Tokenizer hub id or local dir")] = None,
+) -> None:
+    """Record a canary baseline from a server you trust, for --canary-baseline."""
+    from eagledata.run.canary_cli import record_baseline
+
+    overrides: dict[str, Any] = {"server.urls": server or None, "tokenizer.name": tokenizer}
+    if server:
+        overrides["server.simulated.enabled"] = False
+    summary = guarded(lambda: record_baseline(_load(config, overrides), dataset, out))
+    typer.echo(summary)
 
 
 @app.command()

@@ -122,12 +122,42 @@ class RunSettings(Strict):
     fsync_interval_s: float = Field(1.0, ge=0)
 
 
+class CanarySettings(Strict):
+    """The logprob canary (quality/canary.py, docs/quality.md). Sizes follow the protocol in
+    sglang-quality-and-load.md 4.1; the threshold rules are hypotheses until calibrated."""
+
+    enabled: bool = True
+    baseline: Path | None = Field(None, description="A shared baseline file (eagledata canary)")
+    prompts: int = Field(24, ge=1, description="Teacher-forced references, from the dataset")
+    reference_tokens: int = Field(512, ge=2)
+    max_prompt_tokens: int = Field(3000, ge=2)
+    probes: int = Field(8, ge=0, description="Greedy decode probes")
+    probe_tokens: int = Field(256, ge=1)
+    top_logprobs: int = Field(20, ge=0)
+    baseline_idle_runs: int = Field(3, ge=1)
+    baseline_load_runs: int = Field(3, ge=0)
+    load_requests: int = Field(16, ge=1, description="Concurrent requests of the load runs")
+    period_s: float = Field(1200.0, gt=0)
+    mean_shift_factor: float = Field(4.0, gt=0)
+    mean_shift_floor: float = Field(1e-3, ge=0)
+    trimmed_abs_factor: float = Field(3.0, gt=0)
+    trimmed_abs_margin: float = Field(5e-3, ge=0)
+    topk_kl_factor: float = Field(4.0, gt=0)
+    topk_kl_floor: float = Field(5e-4, ge=0)
+    top1_flip_factor: float = Field(4.0, gt=0)
+    top1_flip_floor: float = Field(0.01, ge=0)
+    greedy_divergence_factor: float = Field(0.5, gt=0, le=1)
+    hard_trimmed_abs: float = Field(0.05, gt=0)
+    hard_top1_flip: float = Field(0.05, gt=0)
+
+
 class AppConfig(Strict):
     tokenizer: TokenizerSettings
     generation: GenerationSettings = Field(default_factory=GenerationSettings)
     server: ServerSettings = Field(default_factory=ServerSettings)
     run: RunSettings = Field(default_factory=RunSettings)
     datasets: dict[str, DatasetSettings] = Field(default_factory=dict)
+    canary: CanarySettings = Field(default_factory=CanarySettings)
 
 
 class FrozenSettings(Strict):

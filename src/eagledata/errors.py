@@ -63,6 +63,10 @@ class ServerRefusedError(ServerError):
     exit_code = 4
 
 
+class CanaryDriftError(ServerRefusedError):
+    """The logprob canary says a server no longer computes what the baseline did (quality/)."""
+
+
 class RunDirError(EagledataError):
     """The run directory cannot be used: other schema, changed settings, locked, unwritable."""
 

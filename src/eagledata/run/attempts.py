@@ -11,24 +11,24 @@ from collections.abc import Callable
 from typing import Any
 
 from eagledata.errors import ItemError, RetryableItemError, ServerUnavailableError
+from eagledata.run.holding import HoldAndRelease
 from eagledata.run.progress import Progress
 from eagledata.run.records import failure_entry
 from eagledata.run.scheduler import RetryPolicy
 from eagledata.run.workplan import WorkItem
 from eagledata.run.writer import FailureLog
 from eagledata.server.client import ServerDownError, SGLangClient, new_rid
-from eagledata.server.guard import KVGuard
 
 
 class ItemSender:
-    """Sends one work item at a time to the servers; a result goes to the guard, a failure to the
-    failure file."""
+    """Sends one work item at a time to the servers; a result is held (``guard``: the checks that
+    release it, run/holding.py), a failure goes to the failure file."""
 
     def __init__(
         self,
         *,
         client: SGLangClient,
-        guard: KVGuard[tuple[WorkItem, Any]],
+        guard: HoldAndRelease[tuple[WorkItem, Any]],
         failures: FailureLog,
         progress: Progress,
         policy: RetryPolicy,

@@ -18,7 +18,9 @@ from eagledata.config import AppConfig, FrozenSettings, resolve_bundled
 from eagledata.errors import EagledataError, RunDirError, ServerUnavailableError
 from eagledata.quality.flags import FlagDetector
 from eagledata.run.attempts import ItemSender
+from eagledata.run.canary_setup import canary_prompts, start_canary
 from eagledata.run.dataset import ResolvedDataset, count_rows, resolve_dataset
+from eagledata.run.holding import HoldAndRelease
 from eagledata.run.manifest import RunDir, scan_totals
 from eagledata.run.progress import Progress, Summary
 from eagledata.run.records import make_record
@@ -27,7 +29,7 @@ from eagledata.run.signals import first_fatal, stop_on_signals
 from eagledata.run.tokenization import LengthLimit, PromptTokenizer
 from eagledata.run.verify import canary_line, canary_summary
 from eagledata.run.workplan import Outcome, WorkItem, WorkPlan
-from eagledata.run.writer import FailureLog, ShardWriter
+from eagledata.run.writer import FailureLog, Journal, ShardWriter
 from eagledata.server.client import SGLangClient
 from eagledata.server.guard import KVGuard
 
@@ -75,6 +77,9 @@ class Run:
         self.frozen = frozen_settings(config, dataset)
         self.show_progress = show_progress
         self.counts = SessionCounts()
+        self.checks_s = 0.0
+        """Time production waited on checks (the canary's baseline and start checks, the
+        final checks): not counted in the session's tok/s (canary traffic is not data)."""
         self.interrupted: str | None = None
         self.policy = RetryPolicy(
             config.server.max_attempts, config.server.backoff_base_s, config.server.backoff_max_s
@@ -162,19 +167,25 @@ class Run:
         # Results the guard gives back (their server went down before a check vouched for them).
         redo: list[WorkItem] = []
         plan: WorkPlan | None = None
+        quality_log: Journal | None = None
         try:
             async with client:
-                guard: KVGuard[tuple[WorkItem, Any]] = KVGuard(
+                kv_guard = KVGuard(
                     client,
                     expected_model=self.frozen.expected_model,
                     bf16_bytes_per_token=self.frozen.bf16_kv_bytes_per_token,
+                    check_log=check_log,
+                )
+                # One hold-and-release for the KV check and the canary (run/holding.py).
+                guard: HoldAndRelease[tuple[WorkItem, Any]] = HoldAndRelease(
+                    client,
+                    [kv_guard],
                     interval_s=config.server.guard_interval_s,
                     max_held=config.server.guard_max_held,
                     release=release,
                     requeue=lambda payload: redo.append(payload[0]),
-                    check_log=check_log,
                 )
-                limit = await self._first_contact(client, guard)
+                limit = await self._first_contact(client, kv_guard)
                 progress.close()
                 progress = Progress(
                     total=planned_before or estimate,
@@ -182,7 +193,22 @@ class Run:
                     enabled=self.show_progress,
                 )
                 if not self.run_dir.exists():
-                    self.run_dir.create(self.frozen, self._manifest_extra(guard, estimate))
+                    self.run_dir.create(self.frozen, self._manifest_extra(kv_guard, estimate))
+                if config.canary.enabled:
+                    canary_started = time.monotonic()
+                    quality_log = Journal(self.run_dir.path / "quality.jsonl", 0.0)
+                    monitor = await start_canary(
+                        self.run_dir,
+                        config,
+                        client,
+                        kv_guard,
+                        guard,
+                        lambda: canary_prompts(config, self.dataset, tokenizer, limit),
+                        quality_log,
+                        progress.note,
+                    )
+                    guard.checks.append(monitor)
+                    self.checks_s += time.monotonic() - canary_started
                 plan = WorkPlan(
                     self.dataset,
                     samples_per_prompt=samples,
@@ -214,7 +240,9 @@ class Run:
                                     guard_task.cancel()
                         except BaseExceptionGroup as group_error:
                             raise first_fatal(group_error) from None
+                        flush_started = time.monotonic()
                         await guard.flush()
+                        self.checks_s += time.monotonic() - flush_started
                         if scheduler.stopping or not redo:
                             break
                         progress.note(
@@ -230,13 +258,13 @@ class Run:
             writer.close()
             failures.close()
             check_log.close()
+            if quality_log is not None:
+                quality_log.close()
         if plan is not None and plan.complete and not self.interrupted and not scheduler.stopping:
             self.run_dir.set_planned(plan.enumerated)
         return self._summary(started)
 
-    async def _first_contact(
-        self, client: SGLangClient, guard: KVGuard[tuple[WorkItem, Any]]
-    ) -> LengthLimit:
+    async def _first_contact(self, client: SGLangClient, guard: KVGuard) -> LengthLimit:
         """Reach every server, check it (invariant 2), and derive the prompt length limit."""
         reachable = [endpoint for endpoint in client.endpoints if await client.health(endpoint.url)]
         for endpoint in client.endpoints:
@@ -257,12 +285,12 @@ class Run:
             max_new_tokens=self.config.generation.max_new_tokens,
         )
 
-    def _manifest_extra(
-        self, guard: KVGuard[tuple[WorkItem, Any]], estimate: int | None
-    ) -> dict[str, Any]:
+    def _manifest_extra(self, guard: KVGuard, estimate: int | None) -> dict[str, Any]:
         return {
             "config": self.config.model_dump(mode="json", by_alias=True),
             "planned_estimate": estimate,
+            # Frozen for the run's life: resume keeps it (``--no-canary`` at generate only).
+            "canary": {"enabled": self.config.canary.enabled},
             "server_facts": {
                 url: facts.model_dump(mode="json") for url, facts in guard.facts.items()
             },
@@ -289,6 +317,7 @@ class Run:
             elapsed_s=time.monotonic() - started,
             quality=totals.quality_line(),
             interrupted=self.interrupted,
+            checks_s=self.checks_s,
             canary=canary_line(canary_summary(self.run_dir.path, self.run_dir.read()))
             if self.run_dir.exists()
             else "",
@@ -296,7 +325,7 @@ class Run:
 
 
 @contextlib.contextmanager
-def _simulated_server(config: AppConfig) -> Iterator[AppConfig]:
+def simulated_server(config: AppConfig) -> Iterator[AppConfig]:
     """Start the bundled simulated server when the config asks for it (the demo)."""
     if not config.server.simulated.enabled:
         yield config
@@ -323,15 +352,27 @@ def _execute(
         run = Run(config, dataset, run_dir, progress)
         if run_dir.exists():
             run_dir.check_frozen(run.frozen)
+            _check_canary_frozen(run_dir, config)
             if retry_failed:
                 run_dir.requeue_failures()  # under the lock: no other process writes failures
-        with _simulated_server(config) as live_config:
+        with simulated_server(config) as live_config:
             run.config = live_config
             return asyncio.run(run.execute())
     except EagledataError as error:
         raise error.naming_run_dir(out_dir) from None
     finally:
         run_dir.unlock()
+
+
+def _check_canary_frozen(run_dir: RunDir, config: AppConfig) -> None:
+    """``--no-canary`` is chosen when a run starts and kept for its life."""
+    stored = run_dir.read().get("canary")
+    if isinstance(stored, dict) and stored.get("enabled") != config.canary.enabled:
+        was = "with the canary" if stored.get("enabled") else "with --no-canary"
+        raise RunDirError(
+            f"{run_dir.path} was started {was}; that choice is frozen: continue it with "
+            "'eagledata resume RUN_DIR' or pass a new --out"
+        )
 
 
 def generate(
@@ -355,6 +396,12 @@ def resume(
     if "config" not in manifest:
         raise RunDirError(f"{run_path}/run.json lacks its settings; start a new run")
     config = AppConfig.model_validate(manifest["config"])
+    stored_canary = manifest.get("canary")
+    enabled = bool(stored_canary.get("enabled")) if isinstance(stored_canary, dict) else False
+    # A run from before the canary existed has none: resume keeps it that way.
+    config = config.model_copy(
+        update={"canary": config.canary.model_copy(update={"enabled": enabled})}
+    )
     if server_urls:
         config = config.model_copy(
             update={"server": config.server.model_copy(update={"urls": server_urls})}

@@ -96,10 +96,14 @@ class Summary:
     quality: str = ""
     interrupted: str | None = None
     canary: str = ""
+    checks_s: float = 0.0
+    """Seconds production waited on the canary's start and the final checks."""
 
     @property
     def tok_per_s(self) -> float:
-        return self.session_tokens / self.elapsed_s if self.elapsed_s > 0 else 0.0
+        """Output tokens per second of generation: time spent waiting on checks excluded."""
+        working = self.elapsed_s - self.checks_s
+        return self.session_tokens / working if working > 0 else 0.0
 
     def render(self) -> str:
         planned = "?" if self.planned is None else f"{self.planned:,}"
@@ -109,7 +113,8 @@ class Summary:
             f"+ skipped {self.skipped:,} + left {left}",
             f"this session: {self.session_records:,} records, {self.session_failures:,} failures, "
             f"{self.session_tokens:,} output tokens in {self.elapsed_s:,.1f}s "
-            f"({self.tok_per_s:,.1f} tok/s)",
+            f"({self.tok_per_s:,.1f} tok/s"
+            + (f"; {self.checks_s:,.1f}s of checks not counted)" if self.checks_s >= 0.05 else ")"),
         ]
         if self.quality:
             lines.append(f"quality: {self.quality}")

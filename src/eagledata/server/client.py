@@ -98,6 +98,7 @@ class SGLangClient:
         self._pool_count = max(1, math.ceil(in_flight / self._pool_size))
         self._shards: dict[str, _Shard] = {}
         self._control_pool: httpx.AsyncClient | None = None
+        self._canary_pool: httpx.AsyncClient | None = None
         self._tls: ssl.SSLContext | None = None
         self._health_poll_s = health_poll_s
         self._recovering = asyncio.Lock()
@@ -120,9 +121,8 @@ class SGLangClient:
 
     async def __aexit__(self, *exc_info: object) -> None:
         pools = [pool for shard in self._shards.values() for pool in shard.pools]
-        if self._control_pool is not None:
-            pools.append(self._control_pool)
-        self._shards, self._control_pool = {}, None
+        pools.extend(pool for pool in (self._control_pool, self._canary_pool) if pool is not None)
+        self._shards, self._control_pool, self._canary_pool = {}, None, None
         await asyncio.gather(*(pool.aclose() for pool in pools), return_exceptions=True)
 
     @property
@@ -243,6 +243,51 @@ class SGLangClient:
             f"{url} refused the API key (HTTP {status}); set the right key in the environment "
             f"variable named by server.api_key_env ({self._api_key_env})"
         )
+
+    # --- the canary (quality/canary.py): raw answers from one named server -----------------
+
+    @property
+    def _canary(self) -> httpx.AsyncClient:
+        """The canary's own small pool: its requests never queue behind production's (nor
+        production's behind them), and never count in its load."""
+        if self._canary_pool is None:
+            if self._tls is None:
+                raise RuntimeError("SGLangClient used outside 'async with'")
+            limits = httpx.Limits(max_connections=32, max_keepalive_connections=32)
+            headers = {**self._headers, "Content-Type": "application/json"}
+            self._canary_pool = httpx.AsyncClient(
+                limits=limits, timeout=self._timeout, headers=headers, verify=self._tls
+            )
+        return self._canary_pool
+
+    async def post_generate(self, url: str, body: dict[str, Any]) -> dict[str, Any]:
+        """One ``/generate`` call to the server at ``url``, answered as parsed JSON (logprob
+        fields and all; no token contract: the caller checks what it asked for).
+
+        Raises ``ServerUnavailableError`` when the server cannot be reached or answers 5xx,
+        ``ServerError`` when it refuses the request (4xx).
+        """
+        try:
+            response = await self._canary.post(url + "/generate", content=orjson.dumps(body))
+        except httpx.HTTPError as exc:
+            raise ServerUnavailableError(f"{url}: /generate failed ({exc!r})") from None
+        if response.status_code in (401, 403):
+            raise self._auth_error(url, response.status_code)
+        if response.status_code >= 500:
+            message = error_message(response.content)
+            raise ServerUnavailableError(f"{url}: HTTP {response.status_code}: {message}")
+        if response.status_code != 200:
+            message = error_message(response.content)
+            raise ServerError(
+                f"{url} refused a canary request (HTTP {response.status_code}: {message})"
+            )
+        try:
+            answer = orjson.loads(response.content)
+        except orjson.JSONDecodeError:
+            raise ServerError(f"{url}: /generate answered something that is not JSON") from None
+        if not isinstance(answer, dict):
+            raise ServerError(f"{url}: /generate answered {type(answer).__name__}, not an object")
+        return answer
 
     # --- control calls ---------------------------------------------------------------------
 

@@ -131,7 +131,12 @@ def score(
         np.floor(-np.log(np.maximum(_uniform(p, c), 1e-12)) / 1.2), CANDIDATES - 1
     ).astype(np.int64)[:, 0]
     rows = np.arange(n)
-    ids[rows, rank] = np.asarray(cur, dtype=np.int64)
+    cur_ids = np.asarray(cur, dtype=np.int64)
+    # The token itself sits on its rung; a candidate elsewhere with its id takes another id
+    # (a top-k list never names a token twice).
+    twin = (ids == cur_ids[:, None]) & (np.arange(CANDIDATES)[None, :] != rank[:, None])
+    ids[twin] = (ids[twin] + 1 - 10) % max(vocab - 10, 1) + 10
+    ids[rows, rank] = cur_ids
     if noise.sigma > 0:
         logits = logits + noise.rng.normal(0.0, noise.sigma, size=logits.shape)
     if noise.flip_rate > 0:

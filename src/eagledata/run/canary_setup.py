@@ -1,0 +1,126 @@
+"""Starting the canary of a run: its baseline (the run's own, a shared file, or recorded now),
+then a first check of every server before any production request (quality/canary.py).
+
+``resume`` always compares with the baseline stored in the run directory (``canary/baseline.json``),
+recorded when the run began: a restarted or replaced server that computes something else is
+refused before it produces a single record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from collections.abc import Callable
+from typing import Any
+
+from eagledata.config import AppConfig
+from eagledata.errors import ConfigError
+from eagledata.quality.canary import Baseline, CanaryMonitor, CanaryScorer, LineLog, build_baseline
+from eagledata.run.dataset import ResolvedDataset
+from eagledata.run.holding import HoldAndRelease
+from eagledata.run.manifest import RunDir
+from eagledata.run.tokenization import LengthLimit, PromptTokenizer
+from eagledata.run.workplan import WorkItem, WorkPlan
+from eagledata.server.client import SGLangClient
+from eagledata.server.guard import KVGuard
+
+BASELINE_FILE = "canary/baseline.json"
+
+
+def canary_prompts(
+    config: AppConfig, dataset: ResolvedDataset, tokenizer: PromptTokenizer, limit: LengthLimit
+) -> list[list[int]]:
+    """The canary's prompts: the first distinct prompts of the run's own dataset, templated
+    exactly as production, short enough for prompt + reference to fit."""
+    settings = config.canary
+    cap = min(limit.max_prompt_tokens or settings.max_prompt_tokens, settings.max_prompt_tokens)
+    plan = WorkPlan(
+        dataset,
+        samples_per_prompt=1,
+        row_limit=config.run.limit,
+        tokenizer=tokenizer,
+        limit=LengthLimit(cap, "canary.max_prompt_tokens"),
+        done=set(),
+    )
+    prompts: dict[tuple[int, ...], None] = {}
+    for entry in plan:
+        if isinstance(entry, WorkItem) and len(entry.input_ids) >= 2:
+            prompts[tuple(entry.input_ids)] = None
+            if len(prompts) >= settings.prompts:
+                break
+    return [list(prompt) for prompt in prompts]
+
+
+async def load_or_record_baseline(
+    run_dir: RunDir,
+    config: AppConfig,
+    scorer: CanaryScorer,
+    url: str,
+    model_path: str | None,
+    prompts: Callable[[], list[list[int]]],
+    ledger: LineLog,
+    note: Callable[[str], None],
+) -> Baseline:
+    stored = run_dir.path / BASELINE_FILE
+    if stored.is_file():
+        return Baseline.load(stored)
+    shared = config.canary.baseline
+    if shared is not None:
+        baseline = Baseline.load(shared)
+        if model_path and baseline.model_path and baseline.model_path != model_path:
+            raise ConfigError(
+                f"canary baseline {shared} was recorded on {baseline.model_path}, this server "
+                f"serves {model_path}; record one for this model with 'eagledata canary'"
+            )
+        stored.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(shared, stored)
+        return baseline
+    chosen = await asyncio.to_thread(prompts)
+    if not chosen:
+        raise ConfigError(
+            "the canary found no usable prompt in the dataset (all rows bad or too long); "
+            "fix the dataset or run with --no-canary"
+        )
+    note(f"canary: recording the baseline on {url} ({len(chosen)} references)")
+    baseline = await build_baseline(
+        scorer, url, chosen, config.canary, model_path=model_path, ledger=ledger
+    )
+    baseline.save(stored)
+    return baseline
+
+
+async def start_canary(
+    run_dir: RunDir,
+    config: AppConfig,
+    client: SGLangClient,
+    kv_guard: KVGuard,
+    holder: HoldAndRelease[Any],
+    prompts: Callable[[], list[list[int]]],
+    ledger: LineLog,
+    note: Callable[[str], None],
+) -> CanaryMonitor:
+    """The run's canary, checked once on every reachable server (trigger ``start``)."""
+    healthy = [endpoint.url for endpoint in client.endpoints if endpoint.healthy]
+    scorer = CanaryScorer(client)
+    facts = kv_guard.facts.get(healthy[0]) if healthy else None
+    baseline = await load_or_record_baseline(
+        run_dir,
+        config,
+        scorer,
+        healthy[0],
+        facts.model_path if facts else None,
+        prompts,
+        ledger,
+        note,
+    )
+    monitor = CanaryMonitor(
+        scorer,
+        baseline,
+        period_s=config.canary.period_s,
+        max_held=config.server.guard_max_held,
+        ledger=ledger,
+        facts_key=kv_guard.facts_key,
+    )
+    for url in healthy:
+        await holder.run_check(monitor, url, "start")
+    return monitor

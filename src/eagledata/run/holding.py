@@ -1,0 +1,178 @@
+"""Hold and release: a result lands only once every check of its server, begun after the result
+completed, has passed (invariants 2 and 5).
+
+The checks are the KV guard (``server/guard.py``: what the server says its KV cache is) and,
+unless ``--no-canary``, the logprob canary (``quality/canary.py``: what the server computes). One
+mechanism holds for both: each check records, per server, when its last *passing* run started; a
+result that completed at *t* on server *S* is released when every check's last pass on *S*
+started after *t*. A server swapped or degraded between two checks cannot slip a result in.
+
+A check that refuses a server (``ServerRefusedError``: fp8, another model, canary drift) drops
+every held result, which ``resume`` generates again against a good server, and stops the run.
+A server that goes down takes its held results with it: no later check can vouch for the
+process that produced them. They are handed back through ``requeue`` and generated again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Generic, Protocol, TypeVar
+
+from eagledata.errors import ServerRefusedError, ServerUnavailableError
+from eagledata.server.client import SGLangClient
+
+T = TypeVar("T")
+
+
+class ServerCheck(Protocol):
+    """One check a result's server must pass before the result is released."""
+
+    name: str
+
+    def due(self, url: str, held: int) -> str | None:
+        """The trigger that makes a check of ``url`` due now (``held`` of its results wait)."""
+        ...
+
+    async def check(self, url: str, trigger: str) -> Any:
+        """Raise ``ServerRefusedError`` to refuse, ``ServerUnavailableError`` if it cannot."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Held(Generic[T]):
+    payload: T
+    server: str
+    completed_at: float
+
+
+class HoldAndRelease(Generic[T]):
+    """Holds results until every check of their server vouches for them, then hands them to
+    ``release``; runs the checks on a period and when ``max_held`` results wait."""
+
+    def __init__(
+        self,
+        client: SGLangClient,
+        checks: list[ServerCheck],
+        *,
+        interval_s: float,
+        max_held: int,
+        release: Callable[[T], None],
+        requeue: Callable[[T], None] | None = None,
+    ) -> None:
+        self.client = client
+        self.checks = checks
+        self.interval_s = interval_s
+        self.max_held = max_held
+        self.release = release
+        self.requeue = requeue
+        self._held: list[Held[T]] = []
+        self._passed: dict[tuple[str, str], float] = {}
+        """(check name, server) -> monotonic start of that check's last pass there."""
+        self._wake = asyncio.Event()
+
+    @property
+    def held(self) -> int:
+        return len(self._held)
+
+    def held_of(self, server: str) -> int:
+        return sum(1 for held in self._held if held.server == server)
+
+    def hold(self, payload: T, server: str, completed_at: float) -> None:
+        self._held.append(Held(payload, server, completed_at))
+        if len(self._held) >= self.max_held:
+            self._wake.set()
+
+    async def run_check(self, check: ServerCheck, url: str, trigger: str) -> None:
+        """Run one check; a pass vouches for what completed on ``url`` before it started."""
+        started = time.monotonic()
+        try:
+            await check.check(url, trigger)
+        except ServerRefusedError:
+            self._held.clear()  # dropped, not failed: resume generates them again
+            raise
+        self._passed[(check.name, url)] = started
+
+    def vouched_until(self, url: str) -> float | None:
+        """The latest completion time every check of ``url`` vouches for, or None."""
+        starts = [self._passed.get((check.name, url)) for check in self.checks]
+        if any(start is None for start in starts):
+            return None
+        return min(start for start in starts if start is not None)
+
+    async def check_and_release(self, *, force: str | None = None) -> None:
+        """One round: every due check of every healthy server, then release what they vouch for.
+
+        A server that cannot be read now is marked down, not fatal: its results are given back,
+        the scheduler's work goes to the others (or waits for it), and it is checked again when
+        it answers ``/health`` (``SGLangClient.revive``).
+        """
+        for endpoint in self.client.endpoints:
+            url = endpoint.url
+            if not endpoint.healthy:
+                self._give_back(url)
+                continue
+            try:
+                for check in self.checks:
+                    trigger = force or check.due(url, self.held_of(url))
+                    if trigger is not None:
+                        await self.run_check(check, url, trigger)
+            except ServerUnavailableError:
+                endpoint.healthy = False
+                self._give_back(url)
+                continue
+            until = self.vouched_until(url)
+            if until is None:
+                continue
+            keep: list[Held[T]] = []
+            for held in self._held:
+                if held.server == url and held.completed_at <= until:
+                    self.release(held.payload)
+                else:
+                    keep.append(held)
+            self._held = keep
+
+    async def run(self) -> None:
+        """The periodic check loop; runs until cancelled by its owner's task group."""
+        while True:
+            # asyncio.timeout, not wait_for: 3.11's wait_for can swallow the owner's cancel
+            # when the wake-up and the cancel race, and the run would then never end.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.interval_s):
+                    await self._wake.wait()
+            self._wake.clear()
+            await self.client.revive(self.check_reconnected)
+            await self.check_and_release()
+
+    def _give_back(self, server: str | None = None) -> None:
+        """Hand the results held from ``server`` (from every server if None) to ``requeue``."""
+        keep: list[Held[T]] = []
+        for held in self._held:
+            if server is None or held.server == server:
+                if self.requeue is not None:  # without one, dropped: resume generates it again
+                    self.requeue(held.payload)
+            else:
+                keep.append(held)
+        self._held = keep
+
+    async def check_reconnected(self, url: str) -> None:
+        """Check a server that was down with every check; what it produced before going down
+        is given back (the process answering now may be another one)."""
+        self._give_back(url)
+        for check in self.checks:
+            await self.run_check(check, url, "reconnect")
+
+    async def flush(self) -> None:
+        """Final rounds at the end of a run: every check runs once more, and what it vouches for
+        is released. Results of a server that is down by now cannot be vouched for: they are
+        given back (``requeue``), or without one dropped, and ``resume`` generates them again.
+        """
+        for _ in range(3):
+            if not self._held:
+                return
+            await asyncio.sleep(0.001)  # let the monotonic clock pass the last completion
+            await self.check_and_release(force="end")
+        self._give_back()

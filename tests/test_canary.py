@@ -1,0 +1,339 @@
+"""The logprob canary (issue 7): no false alarm under realistic noise, a silent degradation stops
+the run with nothing degraded landing, a stored baseline refuses a server degraded from its
+first request, a cold canary is blind, and bad input gets one line naming the fix."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import orjson
+import pytest
+
+from conftest import SAMPLES, eagledata_cmd, make_config, read_failures, read_records, sim_config
+from eagledata.config import AppConfig, CanarySettings
+from eagledata.errors import CanaryDriftError, ConfigError, ServerError
+from eagledata.quality.canary import Baseline, CanaryMonitor, CanaryScorer, build_baseline
+from eagledata.quality.canary_stats import Scoring, compare, fired
+from eagledata.run import pipeline
+from eagledata.run.verify import run_status
+from eagledata.server.client import SGLangClient
+from eagledata.simserver import SimServerThread
+
+DATASET = str(SAMPLES / "sharegpt.jsonl")
+SMALL = {
+    "enabled": True,
+    "prompts": 6,
+    "reference_tokens": 48,
+    "probes": 3,
+    "probe_tokens": 24,
+    "top_logprobs": 5,
+    "baseline_idle_runs": 3,
+    "baseline_load_runs": 2,
+    "load_requests": 4,
+    "period_s": 0.3,
+}
+NOISY = {"logprob_noise": 0.01, "routing_flip_rate": 0.01}
+
+
+def canary_config(url: str, out: Path, **sections: dict[str, Any]) -> AppConfig:
+    sections.setdefault("canary", {})
+    sections["canary"] = {**SMALL, **sections["canary"]}
+    return make_config([url], out, **sections)
+
+
+def ledger(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / "quality.jsonl"
+    return [orjson.loads(line) for line in path.read_bytes().splitlines()] if path.exists() else []
+
+
+def prompts(n: int = 6, length: int = 40) -> list[list[int]]:
+    return [[100 + 7 * i + j for j in range(length)] for i in range(n)]
+
+
+async def _baseline(url: str, settings: CanarySettings) -> tuple[SGLangClient, Baseline]:
+    client = SGLangClient([url], in_flight=16)
+    await client.__aenter__()
+    baseline = await build_baseline(
+        CanaryScorer(client), url, prompts(), settings, model_path=None, ledger=None
+    )
+    return client, baseline
+
+
+# --- no false alarm ----------------------------------------------------------------------------
+
+
+def test_many_checks_against_a_noisy_healthy_server_never_fire(tokenizer_dir: str) -> None:
+    """bf16 batch noise on every logit and MoE routing flips on 1% of positions: 25 checks over
+    HTTP, each compared with thresholds derived from the baseline's own noise, none fires."""
+    with SimServerThread(sim_config(tokenizer_dir, **NOISY)) as sim:
+
+        async def main() -> tuple[Baseline, list[list[str]]]:
+            client, baseline = await _baseline(sim.url, CanarySettings(**SMALL))
+            scorer = CanaryScorer(client)
+            fires = []
+            try:
+                for _ in range(25):
+                    measured = await scorer.score(sim.url, baseline.canary_set)
+                    assert measured.cold == 0 and measured.mismatch is None
+                    stats = compare(measured.scoring, baseline.reference)
+                    fires.append(fired(stats, baseline.thresholds))
+            finally:
+                await client.__aexit__(None, None, None)
+            return baseline, fires
+
+        baseline, fires = asyncio.run(main())
+    assert [f for f in fires if f] == []
+    # And 1,000 more scorings of the same references straight from the simulator's model (no
+    # HTTP): the thresholds the baseline derived still hold.
+    offline_fires = 0
+    rng = np.random.default_rng(7)
+    for _ in range(1000):
+        scoring = _simulated_scoring(baseline, rng, degraded=False)
+        offline_fires += bool(fired(compare(scoring, baseline.reference), baseline.thresholds))
+    assert offline_fires == 0
+
+
+def _simulated_scoring(baseline: Baseline, rng: Any, *, degraded: bool) -> Scoring:
+    """A warm scoring of the baseline's references by the simulator's logprob model itself."""
+    from eagledata.simserver.logprobs import Noise, score
+
+    noise = Noise(NOISY["logprob_noise"], NOISY["routing_flip_rate"], 0.05, 0.05, rng)
+    lps, ids, top = [], [], []
+    k = baseline.canary_set.top_k
+    for prompt, reference in baseline.canary_set.references:
+        ids_in = [*prompt, *reference]
+        lp, cand_ids, cand_lps = score(
+            ids_in[len(prompt) - 1 : -1], reference, 3000, noise, degraded
+        )
+        lps.append(lp)
+        ids.append(cand_ids[:, :k])
+        top.append(cand_lps[:, :k])
+    reference_greedy = baseline.reference.greedy
+    return Scoring(np.concatenate(lps), np.concatenate(ids), np.concatenate(top), reference_greedy)
+
+
+def test_a_long_run_checks_often_and_every_check_passes(tokenizer_dir: str, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    with SimServerThread(sim_config(tokenizer_dir, latency_s=0.1, **NOISY)) as sim:
+        config = canary_config(
+            sim.url,
+            out,
+            generation={"samples_per_prompt": 4},
+            server={"guard_interval_s": 0.1, "guard_max_held": 16},
+            run={"concurrency": 4},
+        )
+        changed = threading.Event()
+
+        def change_version_mid_run() -> None:
+            deadline = time.monotonic() + 30
+            while len(read_records(out)) < 40 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            sim.control(version="0.5.9.post1")  # /server_info changes: a canary is due
+            changed.set()
+
+        threading.Thread(target=change_version_mid_run, daemon=True).start()
+        summary = pipeline.generate(config, DATASET, None, progress=False)
+    assert changed.is_set()
+    assert summary.written == 160 and summary.left == 0
+    checks = [entry for entry in ledger(out) if entry["kind"] == "check"]
+    assert len(checks) >= 10
+    assert {entry["verdict"] for entry in checks} == {"pass"}
+    triggers = {entry["trigger"] for entry in checks}
+    assert {"start", "server_info", "end"} <= triggers and triggers & {"held", "period"}
+    baseline = [entry for entry in ledger(out) if entry["kind"] == "baseline"]
+    assert [entry["trigger"] for entry in baseline] == ["idle"] * 3 + ["load"] * 2
+    canary = run_status(out).to_json()["quality"]["canary"]
+    assert canary["enabled"] and canary["checks"] == len(checks) == canary["passed"]
+    # Canary traffic is not data: every record is a production answer, exactly once.
+    records = read_records(out)
+    assert len({r["id"] for r in records}) == len(records) == 160
+
+
+# --- silent degradation ------------------------------------------------------------------------
+
+
+def test_silent_degradation_mid_run_stops_with_nothing_degraded_landing(
+    tokenizer_dir: str, tmp_path: Path
+) -> None:
+    out = tmp_path / "run"
+    with SimServerThread(sim_config(tokenizer_dir, latency_s=0.03, **NOISY)) as sim:
+        config = canary_config(
+            sim.url,
+            out,
+            generation={"samples_per_prompt": 4},
+            server={"guard_interval_s": 0.1, "guard_max_held": 1000},
+            run={"concurrency": 4},
+        )
+        switched = threading.Event()
+
+        def degrade_after_some_work() -> None:
+            deadline = time.monotonic() + 30
+            while len(read_records(out)) < 10 and time.monotonic() < deadline:
+                time.sleep(0.005)
+            sim.control(degraded=True)  # still reports bf16 everywhere
+            switched.set()
+
+        threading.Thread(target=degrade_after_some_work, daemon=True).start()
+        with pytest.raises(CanaryDriftError) as caught:
+            pipeline.generate(config, DATASET, None, progress=False)
+        degraded_rids = set(sim.stats()["answers"]["degraded"])
+    assert switched.is_set() and degraded_rids
+    message = str(caught.value)
+    assert message.startswith(f"{sim.url} drifted from the canary baseline: ")
+    assert any(name in message for name in ("mean_shift", "trimmed_abs", "topk_kl", "greedy"))
+    assert f"eagledata resume {out}" in message
+    records = read_records(out)
+    assert 0 < len(records) < 160
+    assert not degraded_rids & {r["rid"] for r in records}
+    assert ledger(out)[-1]["verdict"] == "drift"
+    # Against a healthy server, resume completes the plan exactly once.
+    with SimServerThread(sim_config(tokenizer_dir, **NOISY)) as good:
+        summary = pipeline.resume(out, server_urls=[good.url], progress=False)
+    records = read_records(out)
+    assert summary.written == 160 and summary.left == 0 and read_failures(out) == []
+    assert len({r["id"] for r in records}) == len(records) == 160
+
+
+def test_a_server_degraded_from_its_first_request_is_refused_on_resume(
+    tokenizer_dir: str, tmp_path: Path
+) -> None:
+    out = tmp_path / "run"
+    with SimServerThread(sim_config(tokenizer_dir, **NOISY)) as sim:
+        pipeline.generate(canary_config(sim.url, out), DATASET, None, progress=False)
+    shards = sorted((out / "shards").glob("*.jsonl"))
+    shards[-1].unlink()  # some work left for a resume
+    before = read_records(out)
+    with SimServerThread(sim_config(tokenizer_dir, degraded=True, **NOISY)) as bad:
+        with pytest.raises(CanaryDriftError, match=f"^{bad.url} drifted"):
+            pipeline.resume(out, server_urls=[bad.url], progress=False)
+        produced = bad.stats()["answers"]["degraded"]
+    assert read_records(out) == before  # zero new records
+    assert produced  # it answered the canary, degraded
+    # The start check fired and its immediate rerun too (or it was past a hard limit): drift.
+    last = ledger(out)[-1]
+    assert (last["server"], last["verdict"]) == (bad.url, "drift")
+    assert last["trigger"] in ("start", "rerun")
+
+
+# --- why the warm-up ---------------------------------------------------------------------------
+
+
+def test_a_canary_without_warm_up_is_blind_to_a_degraded_cache(tokenizer_dir: str) -> None:
+    """On SGLang's MLA path a cold prefill scores the new tokens from in-flight values and never
+    reads the pooled KV, which is where an fp8 or corrupted cache lives: the simulator models
+    that, and a cold canary sees nothing while the warmed one fires."""
+    with SimServerThread(sim_config(tokenizer_dir, **NOISY)) as sim:
+
+        async def main() -> tuple[Any, Any, list[str], list[str]]:
+            client, baseline = await _baseline(sim.url, CanarySettings(**{**SMALL, "probes": 0}))
+            scorer = CanaryScorer(client)
+            try:
+                sim.control(degraded=True)
+                httpx.post(sim.url + "/flush_cache")
+                cold = await scorer.score(sim.url, baseline.canary_set, warm=False)
+                warm = await scorer.score(sim.url, baseline.canary_set, warm=True)
+            finally:
+                await client.__aexit__(None, None, None)
+            limits = baseline.thresholds
+            cold_fires = fired(compare(cold.scoring, baseline.reference), limits)
+            warm_fires = fired(compare(warm.scoring, baseline.reference), limits)
+            return cold, warm, cold_fires, warm_fires
+
+        cold, warm, cold_fires, warm_fires = asyncio.run(main())
+    assert cold.cold == 6 and warm.cold == 0
+    assert cold_fires == []  # blind
+    assert warm_fires  # sees it
+
+
+# --- bad input, the command, --no-canary ----------------------------------------------------------
+
+
+def test_a_corrupt_baseline_file_is_one_line_naming_the_fix(
+    tokenizer_dir: str, tmp_path: Path
+) -> None:
+    bad = tmp_path / "baseline.json"
+    bad.write_text('{"version": 1, "runs": [')
+    with SimServerThread(sim_config(tokenizer_dir)) as sim:
+        config = canary_config(sim.url, tmp_path / "run", canary={"baseline": str(bad)})
+        with pytest.raises(ConfigError) as caught:
+            pipeline.generate(config, DATASET, None, progress=False)
+    message = str(caught.value)
+    assert "\n" not in message
+    assert message.startswith(f"canary baseline {bad} is unreadable")
+    assert message.endswith(
+        "record one with 'eagledata canary --server URL --out FILE', or drop --canary-baseline"
+    )
+
+
+def test_a_server_without_logprobs_is_one_line_naming_the_fix(
+    tokenizer_dir: str, tmp_path: Path
+) -> None:
+    with SimServerThread(sim_config(tokenizer_dir, logprobs_supported=False)) as sim:
+        out = tmp_path / "run"
+        with pytest.raises(ServerError) as caught:
+            pipeline.generate(canary_config(sim.url, out), DATASET, None, progress=False)
+    assert str(caught.value) == (
+        f"{sim.url} returned no logprobs (meta_info.input_token_logprobs); the canary needs "
+        "SGLang's return_logprob: point --server at the SGLang server itself, or run with "
+        "--no-canary"
+    )
+    assert read_records(out) == []
+
+
+def test_the_canary_command_records_a_baseline_that_runs_share(
+    tokenizer_dir: str, tmp_path: Path
+) -> None:
+    import subprocess
+
+    shared = tmp_path / "shared.json"
+    config_file = tmp_path / "eagledata.toml"
+    small = "\n".join(f"{k} = {orjson.dumps(v).decode()}" for k, v in SMALL.items())
+    with SimServerThread(sim_config(tokenizer_dir, **NOISY)) as sim:
+        config_file.write_text(
+            f'[tokenizer]\nname = "bundled:tokenizer/tiny-chatml"\n[canary]\n{small}\n'
+        )
+        result = subprocess.run(
+            eagledata_cmd(
+                "canary",
+                "--config",
+                str(config_file),
+                "--server",
+                sim.url,
+                "--dataset",
+                DATASET,
+                "--out",
+                str(shared),
+            ),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert result.returncode == 0, result.stderr
+        assert f"written to {shared}" in result.stdout
+        out = tmp_path / "run"
+        config = canary_config(sim.url, out, canary={"baseline": str(shared)})
+        summary = pipeline.generate(config, DATASET, None, progress=False)
+    assert summary.written == 40
+    assert (out / "canary" / "baseline.json").read_bytes() == shared.read_bytes()
+    assert not [e for e in ledger(out) if e["kind"] == "baseline"]  # none recorded: shared
+
+
+def test_no_canary_is_frozen_in_run_json_and_shown_by_status(
+    tokenizer_dir: str, tmp_path: Path
+) -> None:
+    out = tmp_path / "run"
+    with SimServerThread(sim_config(tokenizer_dir)) as sim:
+        config = canary_config(sim.url, out, canary={"enabled": False})
+        pipeline.generate(config, DATASET, None, progress=False)
+        assert orjson.loads((out / "run.json").read_bytes())["canary"] == {"enabled": False}
+        assert "canary:   off (--no-canary)" in run_status(out).render()
+        with pytest.raises(Exception, match="started with --no-canary; that choice is frozen"):
+            pipeline.generate(canary_config(sim.url, out), DATASET, None, progress=False)
+    assert not (out / "quality.jsonl").exists()
