@@ -18,7 +18,7 @@ import pytest
 from conftest import SAMPLES, eagledata_cmd, make_config, read_failures, read_records, sim_config
 from eagledata.config import AppConfig, CanarySettings
 from eagledata.errors import CanaryDriftError, ConfigError, ServerError
-from eagledata.quality.canary import Baseline, CanaryMonitor, CanaryScorer, build_baseline
+from eagledata.quality.canary import Baseline, CanaryScorer, build_baseline
 from eagledata.quality.canary_stats import Scoring, compare, fired
 from eagledata.run import pipeline
 from eagledata.run.verify import run_status
@@ -235,7 +235,8 @@ def test_a_canary_without_warm_up_is_blind_to_a_degraded_cache(tokenizer_dir: st
             scorer = CanaryScorer(client)
             try:
                 sim.control(degraded=True)
-                httpx.post(sim.url + "/flush_cache")
+                async with httpx.AsyncClient() as http:  # the warm-ups of the baseline gone
+                    await http.post(sim.url + "/flush_cache")
                 cold = await scorer.score(sim.url, baseline.canary_set, warm=False)
                 warm = await scorer.score(sim.url, baseline.canary_set, warm=True)
             finally:
