@@ -324,6 +324,34 @@ def test_the_canary_command_records_a_baseline_that_runs_share(
     assert summary.written == 40
     assert (out / "canary" / "baseline.json").read_bytes() == shared.read_bytes()
     assert not [e for e in ledger(out) if e["kind"] == "baseline"]  # none recorded: shared
+    # Calibration: score a deliberately bad server (fp8 reported, degraded) against it.
+    scored = tmp_path / "fp8.json"
+    with SimServerThread(
+        sim_config(tokenizer_dir, degraded=True, kv_cache_dtype="fp8_e4m3", **NOISY)
+    ) as bad:
+        result = subprocess.run(
+            eagledata_cmd(
+                "canary",
+                "--config",
+                str(config_file),
+                "--server",
+                bad.url,
+                "--against",
+                str(shared),
+                "--checks",
+                "2",
+                "--out",
+                str(scored),
+            ),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(f"2 of 2 checks of {bad.url} fired against {shared}")
+    written = orjson.loads(scored.read_bytes())
+    assert written["kv_guard"]["ok"] is False and len(written["checks"]) == 2
 
 
 def test_no_canary_is_frozen_in_run_json_and_shown_by_status(

@@ -157,22 +157,37 @@ def status(
 
 @app.command()
 def canary(
+    out: Annotated[Path, typer.Option("--out", "-o", help="Where to write the baseline/results")],
     dataset: Annotated[
-        str, typer.Option("--dataset", "-d", help="Draw the canary's prompts from this dataset")
-    ],
-    out: Annotated[Path, typer.Option("--out", "-o", help="Where to write the baseline")],
+        str | None,
+        typer.Option("--dataset", "-d", help="Draw the canary's prompts from this dataset"),
+    ] = None,
+    against: Annotated[
+        Path | None,
+        typer.Option(help="Score the server against this baseline instead (calibration)"),
+    ] = None,
+    checks: Annotated[int, typer.Option(help="With --against: how many checks")] = 6,
     config: ConfigOpt = None,
     server: ServerOpt = None,
     tokenizer: Annotated[str | None, typer.Option(help="Tokenizer hub id or local dir")] = None,
 ) -> None:
-    """Record a canary baseline from a server you trust, for --canary-baseline."""
-    from eagledata.run.canary_cli import record_baseline
+    """Record a canary baseline from a server you trust (for --canary-baseline), or score a
+    server against one (--against; docs/quality.md, calibration)."""
+    from eagledata.errors import ConfigError
+    from eagledata.run.canary_cli import record_baseline, score_against
 
     overrides: dict[str, Any] = {"server.urls": server or None, "tokenizer.name": tokenizer}
     if server:
         overrides["server.simulated.enabled"] = False
-    summary = guarded(lambda: record_baseline(_load(config, overrides), dataset, out))
-    typer.echo(summary)
+
+    def act() -> str:
+        if against is not None:
+            return score_against(_load(config, overrides), against, checks, out)
+        if dataset is None:
+            raise ConfigError("canary: pass --dataset NAME to record a baseline, or --against FILE")
+        return record_baseline(_load(config, overrides), dataset, out)
+
+    typer.echo(guarded(act))
 
 
 @app.command()

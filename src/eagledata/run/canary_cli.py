@@ -1,20 +1,26 @@
 """``eagledata canary``: record a canary baseline from a server you trust, to share between runs
-and servers (``generate --canary-baseline FILE``)."""
+and servers (``generate --canary-baseline FILE``); or, with ``--against BASELINE``, score any
+server against one and write the statistics of each check (calibration, docs/quality.md)."""
 
 from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
+
+import orjson
 
 from eagledata.config import AppConfig
 from eagledata.errors import ServerUnavailableError
-from eagledata.quality.canary import CanaryScorer, build_baseline
+from eagledata.quality.canary import Baseline, CanaryScorer, build_baseline
+from eagledata.quality.canary_stats import compare, fired
 from eagledata.run.canary_setup import canary_prompts
 from eagledata.run.dataset import ResolvedDataset, resolve_dataset
 from eagledata.run.pipeline import simulated_server
 from eagledata.run.tokenization import LengthLimit, PromptTokenizer
 from eagledata.server.client import SGLangClient
 from eagledata.server.guard import KVGuard
+from eagledata.server.serverfacts import ServerFacts, evaluate_kv_guard
 
 
 def record_baseline(config: AppConfig, dataset_arg: str, out: Path) -> str:
@@ -64,3 +70,77 @@ async def _record(config: AppConfig, dataset_arg: str, dataset: ResolvedDataset,
         f"canary baseline of {url} ({facts.model_path}, {len(prompts)} references from "
         f"{dataset_arg}, {len(baseline.runs)} runs) written to {out}; thresholds: {limits}"
     )
+
+
+def score_against(config: AppConfig, baseline_path: Path, checks: int, out: Path) -> str:
+    """Score the server ``checks`` times against a baseline; write every check's statistics.
+
+    A measurement, not a run: nothing is generated as data, so the KV guard's verdict is reported,
+    not enforced (calibration scores a deliberately fp8 server).
+    """
+    baseline = Baseline.load(baseline_path)
+    with simulated_server(config) as live:
+        url = live.server.urls[0]
+        body, stats = asyncio.run(_score_against(live, baseline, checks))
+    body["baseline"] = str(baseline_path)
+    out.write_bytes(orjson.dumps(body, option=orjson.OPT_INDENT_2))
+    limits = baseline.thresholds
+    fires = sum(1 for entry in body["checks"] if entry["fired"] or entry["mismatch"])
+    worst = {
+        name: (min if name in ("mean_shift", "greedy_divergence") else max)(s[name] for s in stats)
+        for name in limits
+    }
+    shown = ", ".join(f"{k} {v:.4g} (threshold {limits[k]:.4g})" for k, v in worst.items())
+    return (
+        f"{fires} of {checks} checks of {url} fired against {baseline_path}; worst: {shown}; "
+        f"written to {out}"
+    )
+
+
+async def _score_against(
+    config: AppConfig, baseline: Baseline, checks: int
+) -> tuple[dict[str, Any], list[dict[str, float]]]:
+    url = config.server.urls[0]
+    client = SGLangClient(
+        [url],
+        in_flight=4,
+        connect_timeout_s=config.server.connect_timeout_s,
+        request_timeout_s=config.server.request_timeout_s,
+        api_key=SGLangClient.api_key_from_env(config.server.api_key_env),
+        api_key_env=config.server.api_key_env,
+    )
+    async with client:
+        if not await client.health(url):
+            raise ServerUnavailableError(f"cannot reach {url}; start it or fix --server")
+        info = ServerFacts.from_server_info(await client.server_info(url))
+        verdict = evaluate_kv_guard(
+            info,
+            expected_model=config.server.expected_model,
+            bf16_bytes_per_token=config.server.bf16_kv_bytes_per_token,
+        )
+        scorer = CanaryScorer(client)
+        reference, limits = baseline.reference, baseline.thresholds
+        results: list[dict[str, Any]] = []
+        stats_seen: list[dict[str, float]] = []
+        for _ in range(checks):
+            measured = await scorer.score(url, baseline.canary_set)
+            stats = compare(measured.scoring, reference)
+            stats_seen.append(stats)
+            results.append(
+                {
+                    "stats": stats,
+                    "fired": fired(stats, limits),
+                    "mismatch": measured.mismatch,
+                    "cold": measured.cold,
+                    "seconds": measured.seconds,
+                }
+            )
+    body: dict[str, Any] = {
+        "server": url,
+        "kv_guard": {"ok": verdict.ok, "problems": verdict.problems},
+        "kv_cache_dtypes": verdict.kv_dtypes,
+        "thresholds": limits,
+        "null": baseline.null,
+        "checks": results,
+    }
+    return body, stats_seen
