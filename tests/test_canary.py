@@ -5,6 +5,7 @@ first request, a cold canary is blind, and bad input gets one line naming the fi
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -210,9 +211,19 @@ def test_a_server_degraded_from_its_first_request_is_refused_on_resume(
     shards[-1].unlink()  # some work left for a resume
     before = read_records(out)
     with SimServerThread(sim_config(tokenizer_dir, degraded=True, **NOISY)) as bad:
-        with pytest.raises(CanaryDriftError, match=f"^{bad.url} drifted"):
-            pipeline.resume(out, server_urls=[bad.url], progress=False)
+        result = subprocess.run(
+            eagledata_cmd("resume", str(out), "--server", bad.url, "--no-progress"),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
         produced = bad.stats()["answers"]["degraded"]
+    # exit 4, as for a refused server, and one line naming the server and the statistic
+    assert result.returncode == 4, result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.stderr
+    assert lines[0].startswith(f"eagledata: error: {bad.url} drifted from the canary baseline: ")
     assert read_records(out) == before  # zero new records
     assert produced  # it answered the canary, degraded
     # The start check fired and its immediate rerun too (or it was past a hard limit): drift.
@@ -290,8 +301,6 @@ def test_a_server_without_logprobs_is_one_line_naming_the_fix(
 def test_the_canary_command_records_a_baseline_that_runs_share(
     tokenizer_dir: str, tmp_path: Path
 ) -> None:
-    import subprocess
-
     shared = tmp_path / "shared.json"
     config_file = tmp_path / "eagledata.toml"
     small = "\n".join(f"{k} = {orjson.dumps(v).decode()}" for k, v in SMALL.items())

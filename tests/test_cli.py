@@ -28,7 +28,8 @@ def config_file(tmp_path: Path, url: str, extra: str = "") -> Path:
     path.write_text(
         f'[tokenizer]\nname = "{TOKENIZER}"\n[server]\nurls = ["{url}"]\n'
         "guard_interval_s = 0.2\nguard_max_held = 8\n"
-        "[generation]\nmax_new_tokens = 64\nmax_prompt_tokens = 4000\n" + extra
+        "[generation]\nmax_new_tokens = 64\nmax_prompt_tokens = 4000\n"
+        "[canary]\nenabled = false\n" + extra
     )
     return path
 

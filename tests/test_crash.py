@@ -59,6 +59,8 @@ def write_config(path: Path, url: str, **run: Any) -> Path:
         "request_timeout_s = 10",
         "[run]",
         *(f"{key} = {value}" for key, value in settings.items()),
+        "[canary]",  # test_canary.py covers it; these tests are about kills and Ctrl-C
+        "enabled = false",
     ]
     path.write_text("\n".join(lines) + "\n")
     return path

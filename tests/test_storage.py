@@ -133,7 +133,7 @@ def test_a_full_disk_through_the_cli_is_one_line_and_exit_5(
     config.write_text(
         '[tokenizer]\nname = "bundled:tokenizer/tiny-chatml"\n'
         f'[server]\nurls = ["{sim.url}"]\nguard_interval_s = 0.2\nguard_max_held = 8\n'
-        "[generation]\nmax_new_tokens = 64\n"
+        "[generation]\nmax_new_tokens = 64\n[canary]\nenabled = false\n"
     )
     FillingDisk("/pending/shard-", 5).install(monkeypatch)
     result = CliRunner().invoke(

@@ -48,6 +48,7 @@ from eagledata.server.client import SGLangClient, new_rid
 
 BASELINE_VERSION = 1
 PAGE_SLACK = 16
+RETRIES = 6
 """A cache hit may stop short of the prompt's end by up to a page (SGLang's ``page_size``)."""
 
 
@@ -196,9 +197,18 @@ class CanaryScorer:
         self.client = client
 
     async def _post(self, url: str, body: dict[str, Any], counter: Measured) -> dict[str, Any]:
-        counter.requests += 1
-        counter.prompt_tokens += len(body["input_ids"])
-        return await self.client.post_generate(url, {**body, "rid": new_rid()})
+        """One request, tried again on a transient failure (503, 5xx, a reset): a busy server
+        is not a drifted one. Past ``RETRIES`` the server is unavailable for this check."""
+        for attempt in range(RETRIES):
+            counter.requests += 1
+            counter.prompt_tokens += len(body["input_ids"])
+            try:
+                return await self.client.post_generate(url, {**body, "rid": new_rid()})
+            except ServerUnavailableError:
+                if attempt == RETRIES - 1:
+                    raise
+                await asyncio.sleep(min(2.0, 0.05 * 2**attempt))
+        raise AssertionError("unreachable")
 
     async def sample_set(
         self,

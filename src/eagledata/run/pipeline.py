@@ -205,7 +205,8 @@ class Run:
                         guard,
                         lambda: canary_prompts(config, self.dataset, tokenizer, limit),
                         quality_log,
-                        progress.note,
+                        # said only beside the live bar: stderr is one line on failure
+                        progress.note if self.show_progress else lambda _: None,
                     )
                     guard.checks.append(monitor)
                     self.checks_s += time.monotonic() - canary_started

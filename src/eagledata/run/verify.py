@@ -234,6 +234,7 @@ def canary_summary(path: Path, manifest: dict[str, Any]) -> dict[str, Any]:
         "passed": 0,
         "failed": 0,
         "errors": 0,
+        "fired": 0,
         "baseline": 0,
         "last": None,
     }
@@ -256,6 +257,8 @@ def canary_summary(path: Path, manifest: dict[str, Any]) -> dict[str, Any]:
             summary["passed"] += 1
         elif verdict == "error":
             summary["errors"] += 1
+        elif verdict == "fired":  # past a threshold once; its immediate rerun decided
+            summary["fired"] += 1
         else:
             summary["failed"] += 1
         summary["last"] = entry
