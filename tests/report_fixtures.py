@@ -42,7 +42,7 @@ def write_canary(run: Path, start: float) -> None:
 
 
 def write_telemetry(run: Path, start: float, tail: bytes = b"") -> None:
-    """Two servers, 20 samples each; retractions at samples 7 and 8 on both."""
+    """Two servers, 20 samples each; a retraction at samples 7 and 8 on both."""
     lines = []
     for step in range(20):
         for server, usage in (("http://a:1", 0.5 + step / 50), ("http://b:2", 0.3)):
@@ -55,7 +55,7 @@ def write_telemetry(run: Path, start: float, tail: bytes = b"") -> None:
                 "num_running_reqs": 40 + step,
                 "num_queue_reqs": step % 3,
                 "gen_throughput": 500.0,
-                "num_retracted_reqs": 1 if step in (7, 8) else 0,
+                "num_retracted_reqs": min(max(step - 6, 0), 2),  # a counter: +1 at 7 and at 8
                 "in_flight": 42,
                 "target": 44,
                 "spec_accept_length": None,

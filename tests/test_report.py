@@ -15,6 +15,7 @@ import pytest
 
 from conftest import SAMPLES, eagledata_cmd, make_config, read_records, sim_config
 from eagledata.report import build_report, records_scan
+from eagledata.report.page import headline_rows
 from eagledata.report.plots_time import (
     MAX_LOAD_POINTS,
     _retraction_events,
@@ -145,6 +146,10 @@ def test_fixture_canary_and_telemetry_are_drawn_with_their_thresholds(
     assert "http://a:1: KV 88%, 59 running, 1 queued" in page.headline["load"]
     # The malformed line is counted, the torn tail (no newline: not committed) is not read.
     assert "Lines skipped as malformed: telemetry.jsonl 1." in (run / "report.html").read_text()
+    # A rotated file holds the samples before the live one: both are drawn, in time order.
+    (run / "telemetry.jsonl").rename(run / "telemetry.1.jsonl")
+    write_telemetry(run, start + 100)
+    assert page_of(run).sections["load"].caption.startswith("80 samples from 2 servers")
     # The reconnect-triggered canary is marked on the rate plot.
     assert "1 server reconnect marked" in page.sections["throughput"].caption
 
@@ -237,14 +242,11 @@ def test_rate_bins_keep_every_token_and_show_a_pause_as_zero() -> None:
     assert width == 1800 and len(rate) == 145
 
 
-def test_retractions_read_a_counter_as_increments_and_a_gauge_as_it_is() -> None:
-    counter, gauge = LoadSeries("a"), LoadSeries("b")
-    for value in (3, 3, 5, 5, 6):
-        counter.retracted.append(value)
-    for value in (0, 2, 0, 1, 0):
-        gauge.retracted.append(value)
-    assert list(_retraction_events(counter)) == [0, 0, 2, 0, 1]
-    assert list(_retraction_events(gauge)) == [0, 2, 0, 1, 0]
+def test_retractions_are_the_increases_of_a_counter_that_restarts_with_a_session() -> None:
+    series = LoadSeries("a")
+    for value in (0, 0, 2, 2, 3, 1, 1, 4):  # a resume after the fifth sample: back to 0, then 1
+        series.retracted.append(value)
+    assert list(_retraction_events(series)) == [0, 0, 2, 0, 1, 1, 0, 3]
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -317,3 +319,17 @@ def test_line_spans_across_blocks_and_past_the_buffer(
     with path.open("rb", buffering=0) as handle:
         got = [bytes(buf[start:end]) for buf, start, end in records_scan.line_spans(handle)]
     assert got == lines
+
+
+def test_the_load_row_reads_the_latest_samples_as_a_list_or_a_mapping() -> None:
+    sample = {
+        "server": "http://a:1",
+        "rank": 0,
+        "token_usage": 0.912,
+        "num_running_reqs": 45,
+        "num_queue_reqs": 2,
+    }
+    for load in ([sample], {"http://a:1#0": sample}):
+        rows = {key: value for key, _, value in headline_rows({"load": load})}
+        assert rows["load"] == "http://a:1 rank 0: KV 91%, 45 running, 2 queued"
+    assert {k: v for k, _, v in headline_rows({"load": None})}["load"] == "no telemetry"

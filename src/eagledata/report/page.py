@@ -101,18 +101,25 @@ def _canary(canary: dict[str, Any]) -> str:
     return text
 
 
-def _load(load: dict[str, Any] | None) -> str:
+def _load(load: dict[str, Any] | list[dict[str, Any]] | None) -> str:
+    """The latest sample per server (and DP rank): a list of telemetry lines, or a mapping."""
     if not load:
         return "no telemetry"
+    samples = list(load.values()) if isinstance(load, dict) else list(load)
     parts = []
-    for server, sample in sorted(load.items()):
+    for sample in samples:
+        if not isinstance(sample, dict):
+            continue
+        where = str(sample.get("server", "?"))
+        if sample.get("rank") is not None:
+            where += f" rank {sample['rank']}"
         usage = sample.get("token_usage")
         usage_text = f"KV {usage:.0%}" if isinstance(usage, int | float) else "KV ?"
         parts.append(
-            f"{escape(server)}: {usage_text}, {_count(sample.get('num_running_reqs'))} running, "
+            f"{escape(where)}: {usage_text}, {_count(sample.get('num_running_reqs'))} running, "
             f"{_count(sample.get('num_queue_reqs'))} queued"
         )
-    return "<br>".join(parts)
+    return "<br>".join(sorted(parts))
 
 
 def headline_rows(status: dict[str, Any]) -> list[tuple[str, str, str]]:

@@ -219,12 +219,14 @@ def _peak(values: Any) -> float:
 
 
 def _retraction_events(series: LoadSeries) -> np.ndarray[Any, Any]:
-    """Retractions per sample. SGLang's gauge resets each stats window, a counter only grows:
-    a series that never decreases is read as a counter and differenced."""
+    """Retractions per sample. ``num_retracted_reqs`` counts a lane's retractions since its
+    session started: each sample adds its increase, and a drop means a new session (a resume),
+    whose count started again from zero."""
     values = np.nan_to_num(np.frombuffer(series.retracted, dtype=np.float64))
-    if values.size > 1 and np.all(np.diff(values) >= 0) and values[-1] > values[0]:
-        return np.concatenate([[0.0], np.diff(values)])
-    return values
+    if not values.size:
+        return values
+    steps = np.diff(values, prepend=0.0)
+    return np.where(steps < 0, values, steps)
 
 
 def _retractions(series: LoadSeries) -> float:

@@ -8,6 +8,7 @@ never fatal: a report of a damaged run is still a report.
 
 from __future__ import annotations
 
+import itertools
 import time
 from array import array
 from collections import Counter
@@ -258,10 +259,12 @@ def _load_series(path: Path, skipped: Counter[str]) -> dict[str, LoadSeries]:
     lookups and appends."""
     series: dict[str, LoadSeries] = {}
     nan = float("nan")
-    for entry in _objects(path / "telemetry.jsonl", skipped):
+    # A long run rotates its telemetry: telemetry.1.jsonl holds the samples before the live file.
+    rotated = _objects(path / "telemetry.1.jsonl", skipped)
+    for entry in itertools.chain(rotated, _objects(path / "telemetry.jsonl", skipped)):
         moment = entry.get("time")
         if type(moment) not in _NUMBERS or not isinstance(moment, int | float):  # for mypy
-            skipped["telemetry.jsonl"] += 1
+            skipped["telemetry"] += 1
             continue
         server = str(entry.get("server", "?"))
         rank = entry.get("rank")
