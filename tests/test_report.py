@@ -16,6 +16,7 @@ import pytest
 from conftest import SAMPLES, eagledata_cmd, make_config, read_records, sim_config
 from eagledata.report import build_report, records_scan
 from eagledata.report.page import headline_rows
+from eagledata.report.plots_canary import toward_threshold
 from eagledata.report.plots_time import (
     MAX_LOAD_POINTS,
     _retraction_events,
@@ -137,9 +138,11 @@ def test_fixture_canary_and_telemetry_are_drawn_with_their_thresholds(
     page = page_of(run)
     canary, load = page.sections["canary"], page.sections["load"]
     assert len(canary.images) == 1 and len(load.images) == 1
-    # How near the canary came to firing, the baseline excluded: 0.03 / 0.01 beats 0.05 / 0.02.
+    # How near the canary came to firing, the baseline excluded: 0.03 / 0.01 beats -0.05 / -0.02.
     assert canary.caption.startswith("2 checks after the baseline, 1 not passed")
-    assert "highest against its threshold: topk kl at 300% of it" in canary.caption
+    assert "furthest toward its threshold: topk kl 0.03 against 0.01 (300% of the way)" in (
+        canary.caption
+    )
     assert "Last failure: drift on http://a:1 (topk_kl 0.03 > 0.01)." in canary.caption
     assert load.caption.startswith("40 samples from 2 servers; peak KV usage 88%; 4 retractions.")
     assert page.headline["quality.canary"].startswith("2 checks, 1 passed, 1 failed")
@@ -333,3 +336,31 @@ def test_the_load_row_reads_the_latest_samples_as_a_list_or_a_mapping() -> None:
         rows = {key: value for key, _, value in headline_rows({"load": load})}
         assert rows["load"] == "http://a:1 rank 0: KV 91%, 45 running, 2 queued"
     assert {k: v for k, _, v in headline_rows({"load": None})}["load"] == "no telemetry"
+
+
+def test_which_way_each_canary_statistic_fires_is_the_canarys_own() -> None:
+    """The plot's directions agree with eagledata.quality.canary_stats.fired."""
+    from eagledata.quality.canary_stats import STATS, fired
+
+    limits = {
+        "mean_shift": -0.02,
+        "trimmed_abs": 0.03,
+        "topk_kl": 0.01,
+        "top1_flip": 0.01,
+        "greedy_divergence": 0.5,
+    }
+    calm = {
+        "mean_shift": 0.0,
+        "trimmed_abs": 0.0,
+        "topk_kl": 0.0,
+        "top1_flip": 0.0,
+        "greedy_divergence": 1.0,
+    }
+    assert fired(calm, limits) == []
+    for name in STATS:
+        assert toward_threshold(name, calm[name], limits[name]) < 1, name
+        for factor in (0.5, 2.0):
+            stats = {**calm, name: limits[name] * factor}
+            past = toward_threshold(name, stats[name], limits[name])
+            assert past is not None
+            assert (past > 1) == bool(fired(stats, limits)), (name, factor)

@@ -21,6 +21,21 @@ from eagledata.report.rundata import RunData
 from eagledata.report.sections import Plot, missing
 
 CANARY_COLOURS = {"pass": GREEN, "drift": RED, "mismatch": RED, "error": ORANGE}
+# The statistics that fire when they fall below their threshold (eagledata.quality.canary_stats
+# .fired: a logprob drop, greedy probes diverging sooner); the others fire above it.
+FIRES_BELOW = frozenset({"mean_shift", "greedy_divergence"})
+
+
+def toward_threshold(name: str, value: float, limit: float) -> float | None:
+    """How far a statistic has gone toward firing: 1.0 at its threshold, above 1 past it, 0 or
+    less on the safe side. None when the threshold is 0 (nothing to compare against)."""
+    if limit == 0:
+        return None
+    if name in FIRES_BELOW and limit > 0:  # healthy values are high: firing is falling to limit
+        return limit / value if value > 0 else math.inf
+    return value / limit  # a signed limit (mean_shift's is negative) keeps its direction
+
+
 SERVER_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 
 
@@ -42,10 +57,10 @@ def canary_plot(data: RunData) -> Plot:
     servers = sorted({check.server for check in data.canary})
     columns = 2 if len(names) > 1 else 1
     rows = math.ceil(len(names) / columns)
-    closest: tuple[float, str, float] | None = None
+    closest: tuple[float, str, float, float] | None = None
     with styled():
         figure = new_figure(0.6 + 2.0 * rows)
-        axes = figure.subplots(rows, columns, sharex=True, squeeze=False).ravel()
+        axes = figure.subplots(rows, columns, squeeze=False).ravel()
         for ax, name in zip(axes, names, strict=False):
             for marker, server in zip(SERVER_MARKERS * 4, servers, strict=False):
                 points = [c for c in data.canary if c.server == server and name in c.stats]
@@ -72,6 +87,7 @@ def canary_plot(data: RunData) -> Plot:
             if limits:
                 limit_times = as_datetimes([c.time for c in limits])
                 values = np.array([c.thresholds[name] for c in limits])
+                below = name in FIRES_BELOW
                 ax.step(
                     limit_times,
                     values,
@@ -79,24 +95,21 @@ def canary_plot(data: RunData) -> Plot:
                     color=RED,
                     linestyle="--",
                     linewidth=1,
-                    label="threshold",
+                    label=f"threshold (fires {'below' if below else 'above'})",
                 )
-                if any(c.stats.get(name, 0.0) < 0 for c in limits):
-                    ax.step(
-                        limit_times, -values, where="post", color=RED, linestyle="--", linewidth=1
-                    )
                 for check in limits:
                     limit = check.thresholds[name]
-                    if name in check.stats and limit > 0 and check.kind != "baseline":
-                        ratio = abs(check.stats[name]) / limit
-                        if closest is None or ratio > closest[0]:
-                            closest = (ratio, name, check.time)
+                    if name not in check.stats or check.kind == "baseline":
+                        continue
+                    ratio = toward_threshold(name, check.stats[name], limit)
+                    if ratio is not None and (closest is None or ratio > closest[0]):
+                        closest = (ratio, name, check.stats[name], limit)
             ax.set_title(name.replace("_", " "), loc="left", fontsize=9)
             ax.set_ylabel("value")
             time_axis(ax)
             handles, labels = ax.get_legend_handles_labels()
             unique = dict(zip(labels, handles, strict=True))
-            ax.legend(unique.values(), unique.keys(), loc="upper left", ncols=3)
+            ax.legend(unique.values(), unique.keys(), loc="best", ncols=3)
         for ax in axes[len(names) :]:
             ax.set_visible(False)
         png = render(figure)
@@ -104,9 +117,10 @@ def canary_plot(data: RunData) -> Plot:
     failed = [c for c in checks if c.verdict != "pass"]
     caption = f"{len(checks):,} checks after the baseline, {len(failed)} not passed"
     if closest is not None:
+        ratio, name, value, limit = closest
         caption += (
-            f"; highest against its threshold: {closest[1].replace('_', ' ')} at "
-            f"{closest[0]:.0%} of it"
+            f"; furthest toward its threshold: {name.replace('_', ' ')} {value:.3g} against "
+            f"{limit:.3g} ({ratio:.0%} of the way)"
         )
     caption += ". Outlined points are baseline scorings."
     if failed:

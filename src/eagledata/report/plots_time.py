@@ -88,10 +88,11 @@ def throughput_plot(data: RunData) -> Plot:
         return missing(key, title, why)
     times, tokens = times[dated], tokens[dated]
     first, last = float(times.min()), float(times.max())
-    # The axis spans the run's KV checks and reconnects too: the first check precedes the first
-    # answer, and a server that came back after the last answer is part of the story.
+    # From the first answer (what precedes it is start-up: the KV checks and the canary's
+    # baseline) to the last answer or the last event after it: a server that came back, or was
+    # refused, after the last answer is part of the story.
     events = [c.time for c in data.checks] + [r.time for r in data.reconnects]
-    start, end = min([first, *events]), max([last, *events])
+    start, end = first, max([last, *events])
     starts, rate, width = rate_bins(times, tokens, start, end)
     overall = float(data.status["tok_s"]["overall"] or 0.0)
     with styled():
