@@ -17,7 +17,7 @@ from conftest import REPO, SAMPLES, make_config, read_records, sim_config
 from eagledata.capacity import REFERENCE_WORKLOAD, plan_profiles
 from eagledata.capacity.speculative import SPEEDUP_BATCHES, SpecModel
 from eagledata.cli import app
-from eagledata.errors import ConfigError, LaunchError
+from eagledata.errors import CanaryDriftError, ConfigError, LaunchError
 from eagledata.run import pipeline
 from eagledata.run.verify import run_status
 from eagledata.server.launch import build_launch_command
@@ -293,3 +293,43 @@ def test_a_plain_server_has_no_speculative_keys(sim: SimServerThread) -> None:
     ).json()
     assert not any(key.startswith("spec_") for key in body["meta_info"])
     assert _facts(sim.url).speculative is None
+
+
+# --- losslessness is checked, not taken on faith ---------------------------------------------
+
+
+def test_the_canary_runs_unchanged_against_a_speculative_server(
+    tokenizer_dir: str, tmp_path: Path
+) -> None:
+    """Baseline on a plain server, the rest of the run on a speculative one: the canary compares
+    like with like and passes; a speculative server that is lossy (degraded answers while it
+    reports bf16 and exact thresholds, so the KV guard passes it) drifts."""
+    from test_canary import NOISY, canary_config, ledger
+
+    out = tmp_path / "run"
+    with SimServerThread(sim_config(tokenizer_dir, **NOISY)) as plain:
+        config = canary_config(plain.url, out)
+        pipeline.generate(config, str(SAMPLES / "sharegpt.jsonl"), None, progress=False)
+    shards = sorted((out / "shards").glob("*.jsonl"))
+    shards[-1].unlink()  # work left for the speculative server
+    before = len(read_records(out))
+    spec = {"speculative": {"accept_length": 2.5}}
+    with SimServerThread(sim_config(tokenizer_dir, **NOISY, **spec)) as fast:
+        summary = pipeline.resume(out, server_urls=[fast.url], progress=False)
+    assert summary.left == 0 and summary.failed == 0
+    records = read_records(out)
+    assert len(records) == 40 > before
+    assert any(r["spec_verify_ct"] for r in records if r["server"] == fast.url)
+    checks = [e for e in ledger(out) if e["server"] == fast.url and e["kind"] == "check"]
+    assert checks and {e["verdict"] for e in checks} == {"pass"}
+
+    shards = sorted((out / "shards").glob("*.jsonl"))
+    shards[-1].unlink()
+    kept = read_records(out)
+    with SimServerThread(sim_config(tokenizer_dir, degraded=True, **NOISY, **spec)) as lossy:
+        facts = _facts(lossy.url)
+        assert evaluate_kv_guard(facts, expected_model=None, bf16_bytes_per_token=70_272).ok
+        with pytest.raises(CanaryDriftError):
+            pipeline.resume(out, server_urls=[lossy.url], progress=False)
+    assert read_records(out) == kept  # nothing from the lossy server landed
+    assert ledger(out)[-1]["verdict"] == "drift"
