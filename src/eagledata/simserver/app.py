@@ -15,7 +15,7 @@ from eagledata.errors import EagledataError
 from eagledata.simserver.config import SimConfig, model_info, resolve_model, server_info
 from eagledata.simserver.faults import apply_fault_abort, draw_faults
 from eagledata.simserver.logprobs import trim_to_output
-from eagledata.simserver.metrics import render_metrics
+from eagledata.simserver.metrics import render_loads, render_metrics
 from eagledata.simserver.protocol import SimRequestError, abort_reason, bad_body, queue_full_body
 from eagledata.simserver.requests import Parsed, parse_generate
 from eagledata.simserver.sampling import SamplingSpec
@@ -59,7 +59,7 @@ def _item_json(
         "cached_tokens": item.cached,
         "cached_tokens_details": None,
         "weight_version": "default",
-        "total_retractions": 0,
+        "total_retractions": item.retractions,
         "e2e_latency": asyncio.get_running_loop().time() - arrived,
         "response_sent_to_client_ts": time.time(),
     }
@@ -194,9 +194,12 @@ async def _stream(
             for mark in range(spec.stream_interval, total, spec.stream_interval):
                 if item.state == ABORTED or (broken and 2 * mark >= total):
                     break
-                delay = item.admitted_at + item.duration * mark / total - loop.time()
-                if delay > 0:
-                    await asyncio.sleep(delay)
+                if state.config.engine == "sglang":
+                    await state.scheduler.engine.until_generated(item, mark)
+                else:
+                    delay = item.admitted_at + item.duration * mark / total - loop.time()
+                    if delay > 0:
+                        await asyncio.sleep(delay)
                 if item.state != ABORTED:
                     chunk = _item_json(state, item, spec, arrived, upto=mark)
                     await response.write(event(index, chunk))
@@ -277,6 +280,8 @@ async def list_models(request: web.Request) -> web.Response:
 
 async def get_load(request: web.Request) -> web.Response:
     state = request.app[STATE]
+    if state.config.version_tuple() >= (0, 5, 21):  # removed in 0.5.21
+        raise web.HTTPNotFound()
     load = state.scheduler.load(state.config)
     return _json([{**entry, "ts_tic": time.time()} for entry in load])
 
@@ -312,6 +317,14 @@ async def metrics(request: web.Request) -> web.Response:
         raise web.HTTPNotFound()
     text = render_metrics(state)
     return web.Response(text=text, content_type="text/plain", charset="utf-8")
+
+
+async def v1_loads(request: web.Request) -> web.Response:
+    """``/v1/loads`` (0.5.8+): live load per DP rank (``entrypoints/v1_loads.py``)."""
+    state = request.app[STATE]
+    if state.config.version_tuple() < (0, 5, 8):
+        raise web.HTTPNotFound()
+    return _json(render_loads(state, request.query.get("dp_rank")))
 
 
 async def control(request: web.Request) -> web.Response:
@@ -368,6 +381,7 @@ def create_app(config: SimConfig) -> web.Application:
     router.add_get("/flush_cache", flush_cache)
     router.add_post("/flush_cache", flush_cache)
     router.add_get("/get_load", get_load)
+    router.add_get("/v1/loads", v1_loads)
     router.add_get("/metrics", metrics)
     router.add_post("/_sim/control", control)
     router.add_get("/_sim/stats", sim_stats)

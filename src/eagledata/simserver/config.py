@@ -11,7 +11,7 @@ import json
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -88,6 +88,36 @@ class SimConfig(BaseModel):
     length_fraction: float = Field(default=0.1, ge=0.0, le=1.0)
     """Share of requests that run to ``max_new_tokens`` instead of stopping on EOS."""
     seed: int = 0
+
+    # --- the SGLang capacity engine (simserver/capacity.py; issue 9) ----------------------------
+    engine: Literal["simple", "sglang"] = "simple"
+    """``simple``: the latency/decode-speed model above. ``sglang``: a step-by-step model of
+    SGLang's scheduler (KV pool filled as requests decode, admission with the decaying
+    ``new_token_ratio``, retraction, batched step time); it ignores ``latency_s`` and
+    ``decode_tok_per_s``."""
+    step_base_s: float = Field(default=0.077, gt=0.0)
+    step_per_request_s: float = Field(default=0.00018, ge=0.0)
+    """Decode step time = base + per_request x running: tok/s = N / (0.077 + 0.00018 N), the
+    reference fit (kimi-k25-capacity.md section 5)."""
+    prefill_tok_per_s: float = Field(default=8000.0, gt=0.0)
+    """Prefill speed of one prefill batch (an assumption: not measured on the reference rig)."""
+    time_scale: float = Field(default=1.0, gt=0.0)
+    """Every simulated step lasts ``time_scale`` x its modelled time (tests and benchmarks)."""
+    steps_per_tick: int = Field(default=1, ge=1, le=64)
+    """Decode steps simulated per timer tick (fewer Python wake-ups at the same arithmetic)."""
+    schedule_conservativeness: float = Field(default=1.0, gt=0.0)
+    init_new_token_ratio: float = Field(default=0.7, gt=0.0, le=1.0)
+    min_new_token_ratio_factor: float = Field(default=0.14, gt=0.0, le=1.0)
+    new_token_ratio_decay_steps: int = Field(default=600, ge=1)
+    clip_max_new_tokens_estimation: int = Field(default=4096, ge=1)
+    retract_decode_steps: int = Field(default=20, ge=1)
+    decode_log_interval: int = Field(default=40, ge=1)
+    output_len_mean: float | None = Field(default=None, gt=0.0)
+    """When set, an answer that stops on EOS is about ``output_len_mean +
+    output_len_per_prompt_token x prompt_len`` tokens, +- ``output_len_spread`` (uniform), instead
+    of uniform over [1, max_new_tokens): a workload whose length a benchmark controls."""
+    output_len_spread: float = Field(default=0.25, ge=0.0, le=1.0)
+    output_len_per_prompt_token: float = Field(default=0.0, ge=0.0)
 
     # --- faults, decided per request from a seeded hash -------------------------------------------
     fail_500_rate: Rate = 0.0

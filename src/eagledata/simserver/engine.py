@@ -88,6 +88,7 @@ def generate(
     *,
     fp8: bool,
     sample_index: int = 0,
+    prompt_len: int = 0,
 ) -> tuple[list[int], FinishReason]:
     """The deterministic output of one sample; ``max_new`` is already resolved."""
     index = 0 if spec.greedy else sample_index
@@ -106,6 +107,8 @@ def generate(
         finish = {"type": "length", "length": max_new}
     else:
         length = lo + (pick >> 20) % (hi - lo + 1)
+        if config.output_len_mean is not None:
+            length = _modelled_length(config, prompt_len, pick, lo, hi)
         stop = stops[(pick >> 8) % len(stops)] if len(stops) > 1 else stops[0]
         ids = _body(model, offset, length - 1, banned, whole_words=True)
         ids.append(stop)
@@ -119,10 +122,22 @@ def generate(
     if config.degraded and ids:
         ids = degraded_answer(model, ids, h, banned, finish)
     if fp8:
-        twin = generate(model, digest, spec, max_new, config, fp8=False, sample_index=index)
+        twin = generate(
+            model, digest, spec, max_new, config, fp8=False, sample_index=index,
+            prompt_len=prompt_len,
+        )  # fmt: skip
         if twin[0] == ids and ids:  # fp8 must visibly differ from bf16: nudge the first token
             ids[0] = next(t for t in model.table if t != ids[0] and t not in banned)
     return ids, finish
+
+
+def _modelled_length(config: SimConfig, prompt_len: int, pick: int, lo: int, hi: int) -> int:
+    """The answer length of the benchmark workloads (``output_len_mean``): a mean that may grow
+    with the prompt, spread uniformly by +- ``output_len_spread``."""
+    mean = (config.output_len_mean or 0.0) + config.output_len_per_prompt_token * prompt_len
+    u = ((pick >> 20) % 1_000_003) / 1_000_002
+    length = round(mean * (1.0 + config.output_len_spread * (2.0 * u - 1.0)))
+    return max(lo, min(hi, length))
 
 
 def expected_output(
@@ -144,4 +159,5 @@ def expected_output(
         config,
         fp8=config.is_fp8(),
         sample_index=sample_index,
+        prompt_len=len(input_ids),
     )

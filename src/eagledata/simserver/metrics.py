@@ -1,6 +1,9 @@
-"""``/metrics``: Prometheus text in SGLang's metric names."""
+"""``/metrics`` and ``/v1/loads``: Prometheus text and JSON in SGLang's own names."""
 
 from __future__ import annotations
+
+import time
+from typing import Any
 
 from eagledata.simserver.speculative import metrics_lines
 from eagledata.simserver.state import SimState
@@ -24,21 +27,68 @@ COUNTERS = (
 )
 
 
+ENGINE_GAUGES = (("new_token_ratio", "The new token ratio.", (0, 5, 6)),)
+ENGINE_COUNTERS = (
+    ("num_retracted_requests_total", "retracted_total"),
+    ("num_retracted_input_tokens_total", "retracted_input_tokens"),
+    ("num_retracted_output_tokens_total", "retracted_output_tokens"),
+)
+"""Cumulative retraction counters per DP rank (0.5.7+)."""
+
+
+def rank_views(state: SimState) -> list[dict[str, Any]]:
+    """One dict per DP rank in SGLang's field names, whichever model the server runs."""
+    config, scheduler = state.config, state.scheduler
+    if config.engine == "sglang":
+        return scheduler.engine.loads(config)
+    pool = config.max_total_num_tokens
+    throughput = scheduler.gen_throughput() / config.dp_size
+    views = []
+    for load in scheduler.load(config):
+        used = load["num_tokens"]
+        views.append(
+            {
+                "dp_rank": load["dp_rank"],
+                "num_running_reqs": load["num_reqs"] - load["num_waiting_reqs"],
+                "num_waiting_reqs": load["num_waiting_reqs"],
+                "num_used_tokens": used,
+                "max_total_num_tokens": pool,
+                "token_usage": used / pool,
+                "gen_throughput": throughput,
+                "new_token_ratio": None,
+                "num_retracted_reqs": 0,
+                "retracted_total": 0,
+                "retracted_input_tokens": 0,
+                "retracted_output_tokens": 0,
+                "retracted_waiting": 0,
+                "num_total_tokens": used,
+            }
+        )
+    return views
+
+
 def render_metrics(state: SimState) -> str:
     """Prometheus text in SGLang's names: scheduler gauges per DP rank, tokenizer counters."""
     config, scheduler = state.config, state.scheduler
-    stats, pool = scheduler.stats, config.max_total_num_tokens
+    stats = scheduler.stats
     hit_rate = stats.cached_tokens / stats.prompt_tokens if stats.prompt_tokens else 0.0
-    throughput = scheduler.gen_throughput() / config.dp_size
     name = f'model_name="{config.served_name()}"'
+    version = config.version_tuple()
     rows = []
-    for load in scheduler.load(config):
-        dp = f',dp_rank="{load["dp_rank"]}"' if config.dp_size > 1 else ""
+    views = rank_views(state)
+    for view in views:
+        dp = f',dp_rank="{view["dp_rank"]}"' if config.dp_size > 1 else ""
         labels = f'{name},engine_type="unified",tp_rank="0",pp_rank="0",moe_ep_rank="0"{dp}'
-        running = load["num_reqs"] - load["num_waiting_reqs"]
-        used = load["num_tokens"]
-        waiting = load["num_waiting_reqs"]
-        values = (running, waiting, used, used / pool, throughput, hit_rate, pool, 0)
+        values = (
+            view["num_running_reqs"],
+            view["num_waiting_reqs"],
+            view["num_used_tokens"],
+            view["token_usage"],
+            view["gen_throughput"],
+            hit_rate,
+            view["max_total_num_tokens"],
+            view["num_retracted_reqs"],
+        )
         rows.append((labels, values))
     lines = []
     for index, (metric, help_text) in enumerate(GAUGES):
@@ -46,7 +96,71 @@ def render_metrics(state: SimState) -> str:
         lines += [f"sglang:{metric}{{{labels}}} {float(v[index])}" for labels, v in rows]
     accept = state.spec_tally.accept_length
     lines += metrics_lines(config.speculative, [labels for labels, _ in rows], accept)
+    if config.engine == "sglang":
+        for metric, help_text, since in ENGINE_GAUGES:
+            if version >= since:
+                lines += [f"# HELP sglang:{metric} {help_text}", f"# TYPE sglang:{metric} gauge"]
+                lines += [
+                    f"sglang:{metric}{{{labels}}} {float(view[metric])}"
+                    for (labels, _), view in zip(rows, views, strict=True)
+                ]
+    if version >= (0, 5, 7):
+        for metric, key in ENGINE_COUNTERS:
+            lines += [f"# HELP sglang:{metric} {metric}.", f"# TYPE sglang:{metric} counter"]
+            lines += [
+                f"sglang:{metric}{{{labels}}} {float(view[key])}"
+                for (labels, _), view in zip(rows, views, strict=True)
+            ]
     for metric, attr in COUNTERS:
         lines += [f"# HELP sglang:{metric} {metric}.", f"# TYPE sglang:{metric} counter"]
         lines.append(f"sglang:{metric}{{{name}}} {float(getattr(stats, attr))}")
     return "\n".join(lines) + "\n"
+
+
+def render_loads(state: SimState, dp_rank: str | None = None) -> dict[str, Any]:
+    """``/v1/loads`` in S9's JSON shape (``managers/io_struct.py`` L1807-1935): ``loads`` per DP
+    rank with ``queues``, and ``aggregate``. ``gen_throughput`` reads 0 without
+    ``--enable-metrics``, as in SGLang (``load_publisher.py`` L209-212)."""
+    config = state.config
+    loads = []
+    for view in rank_views(state):
+        if dp_rank is not None and str(view["dp_rank"]) != dp_rank:
+            continue
+        running, waiting = view["num_running_reqs"], view["num_waiting_reqs"]
+        loads.append(
+            {
+                "dp_rank": view["dp_rank"],
+                "num_running_reqs": running,
+                "num_waiting_reqs": waiting,
+                "num_used_tokens": view["num_used_tokens"],
+                "max_total_num_tokens": view["max_total_num_tokens"],
+                "token_usage": view["token_usage"],
+                "gen_throughput": view["gen_throughput"] if config.enable_metrics else 0.0,
+                "cache_hit_rate": 0.0,
+                "utilization": 0.0,
+                "max_running_requests": config.running_limit_per_rank(),
+                "num_total_reqs": running + waiting,
+                "memory": {"token_capacity": view["max_total_num_tokens"]},
+                "queues": {
+                    "waiting": waiting,
+                    "grammar": 0,
+                    "paused": 0,
+                    "retracted": view["retracted_waiting"],
+                },
+            }
+        )
+    count = max(1, len(loads))
+    return {
+        "timestamp": time.time(),
+        "version": config.version,
+        "dp_rank_count": config.dp_size,
+        "loads": loads,
+        "aggregate": {
+            "total_running_reqs": sum(x["num_running_reqs"] for x in loads),
+            "total_waiting_reqs": sum(x["num_waiting_reqs"] for x in loads),
+            "total_reqs": sum(x["num_total_reqs"] for x in loads),
+            "avg_token_usage": sum(x["token_usage"] for x in loads) / count,
+            "avg_throughput": sum(x["gen_throughput"] for x in loads) / count,
+            "avg_utilization": 0.0,
+        },
+    }

@@ -71,6 +71,17 @@ def _rids(obj: dict[str, Any], prompts: int, n: int) -> list[str]:
     return list(rid) if n == 1 else [f"{r}_{j}" for r in rid for j in range(n)]
 
 
+def _pinned_rank(obj: dict[str, Any], dp_size: int) -> int | None:
+    """``data_parallel_rank`` (0.5.9) / ``routed_dp_rank`` (later): the client picks the DP rank."""
+    for key in ("data_parallel_rank", "routed_dp_rank"):
+        value = obj.get(key)
+        if value is not None:
+            if not isinstance(value, int) or not 0 <= value < dp_size:
+                raise bad_value(f"{key} {value!r} is out of range [0, {dp_size})")
+            return value
+    return None
+
+
 def parse_generate(obj: Any, state: SimState) -> Parsed:
     if not isinstance(obj, dict):
         raise bad_body("The request body must be a JSON object.")
@@ -117,6 +128,7 @@ def parse_generate(obj: Any, state: SimState) -> Parsed:
             )
         budgets.append(max_new)
     pairs: list[tuple[Item, SamplingSpec]] = []
+    pinned = _pinned_rank(obj, config.dp_size)
     fp8, dtype = config.is_fp8(), config.effective_kv_dtype()
     digests = []
     wants = parse_logprob_requests(obj, prompts, config.version_tuple(), config.logprobs_supported)
@@ -125,10 +137,13 @@ def parse_generate(obj: Any, state: SimState) -> Parsed:
         digest = prompt_digest(ids)
         digests.append(digest + spec.sampling_key)
         for j in range(n):
-            out, finish = generate(model, digest, spec, max_new, config, fp8=fp8, sample_index=j)
+            out, finish = generate(
+                model, digest, spec, max_new, config, fp8=fp8, sample_index=j, prompt_len=len(ids)
+            )
             item = Item(rids[len(pairs)], len(ids), out, finish)
             shape = answer_shape(digest, spec, config, j, max_new)
             state.answers.note(item.rid, shape, config.degraded, time.time())
+            item.max_new, item.ignore_eos, item.pinned_rank = max_new, spec.ignore_eos, pinned
             item.kv_dtype = dtype
             item.cached = state.scheduler.note_prefix(config, digest, len(ids))
             item.cached = _cached(state, ids, item.cached, want)

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from eagledata.errors import EagledataError
+from eagledata.simserver.capacity import CapacityEngine
 from eagledata.simserver.config import SimConfig
 from eagledata.simserver.protocol import FinishReason, abort_reason
 
@@ -26,15 +27,22 @@ class Item:
         "duration",
         "finish",
         "fut",
+        "generated",
+        "held",
+        "ignore_eos",
         "keep",
         "kv_dtype",
+        "max_new",
         "output_ids",
+        "pinned_rank",
         "prompt_len",
         "rank",
         "reserve",
+        "retractions",
         "rid",
         "state",
         "timer",
+        "waiter",
     )
 
     def __init__(self, rid: str, prompt_len: int, out: list[int], finish: FinishReason) -> None:
@@ -50,6 +58,13 @@ class Item:
         self.fut: asyncio.Future[None] | None = None
         self.admit_fut: asyncio.Future[None] | None = None
         self.timer: asyncio.TimerHandle | None = None
+        # The capacity engine's view (simserver/capacity.py): tokens decoded so far, KV tokens
+        # held while running, times retracted, the request's budget and DP rank pin.
+        self.generated = self.held = self.retractions = 0
+        self.max_new = len(out)
+        self.ignore_eos = False
+        self.pinned_rank: int | None = None
+        self.waiter: tuple[int, asyncio.Future[None]] | None = None
 
     def result(self) -> tuple[list[int], FinishReason]:
         if self.abort_finish is None:
@@ -112,6 +127,8 @@ class Scheduler:
         self._rr = 0
         self._window = (0.0, 0)
         self._last_throughput = 0.0
+        self.engine = CapacityEngine(lambda item, config: self.finish(item, DONE, config))
+        """SGLang's scheduler, step by step, when ``config.engine == "sglang"``."""
 
     def rank(self, index: int) -> Rank:
         while len(self.ranks) <= index:
@@ -132,6 +149,9 @@ class Scheduler:
     def submit(self, items: list[Item], config: SimConfig) -> None:
         """Admit or queue every item of one HTTP request, or none (QueueFullError)."""
         now = asyncio.get_running_loop().time()
+        if config.engine == "sglang":
+            self._submit_to_engine(items, config)
+            return
         for placed, item in enumerate(items):
             self._rr = (self._rr + 1) % config.dp_size
             rank = self.rank(self._rr)
@@ -150,6 +170,19 @@ class Scheduler:
             self.rid_counts[item.rid] += 1
             self.stats.prompt_tokens += item.prompt_len
             self.stats.cached_tokens += item.cached
+
+    def _submit_to_engine(self, items: list[Item], config: SimConfig) -> None:
+        for placed, item in enumerate(items):
+            rank = self.engine.place(item, config)
+            if self.engine.queue_full(rank, config):
+                for other in items[:placed]:
+                    self.finish(other, ABORTED, config)
+                raise QueueFullError("The request queue is full.")
+            self.live[item] = None
+            self.rid_counts[item.rid] += 1
+            self.stats.prompt_tokens += item.prompt_len
+            self.stats.cached_tokens += item.cached
+            self.engine.enqueue(rank, item, config)
 
     def _fits(self, rank: Rank, item: Item, config: SimConfig) -> bool:
         if rank.running >= config.running_limit_per_rank():
@@ -173,6 +206,11 @@ class Scheduler:
         """End an item (DONE or ABORTED), free its KV, admit waiters, wake its handler."""
         if item.state not in (QUEUED, RUNNING):
             return
+        if config.engine == "sglang":
+            self.engine.release(item)
+            self._end(item, state)
+            self.engine.kick(self.engine.rank(item.rank, config), config)
+            return
         rank = self.rank(item.rank)
         if item.state == RUNNING:
             rank.used -= item.reserve
@@ -181,6 +219,10 @@ class Scheduler:
                 item.timer.cancel()
         else:
             rank.queue.remove(item)
+        self._end(item, state)
+        self.drain(rank, config)
+
+    def _end(self, item: Item, state: int) -> None:
         item.state = state
         del self.live[item]
         self.rid_counts[item.rid] -= 1
@@ -192,7 +234,6 @@ class Scheduler:
             self.stats.aborted_items += 1
         _wake(item.fut)
         _wake(item.admit_fut)
-        self.drain(rank, config)
 
     def drain(self, rank: Rank, config: SimConfig) -> None:
         now = asyncio.get_running_loop().time()
@@ -214,6 +255,8 @@ class Scheduler:
 
     def gen_throughput(self) -> float:
         """Generated tokens per second over the last window of about two seconds."""
+        if self.engine.ranks:
+            return sum(rank.throughput for rank in self.engine.ranks)
         start, tokens = self._window
         elapsed = asyncio.get_running_loop().time() - start
         return tokens / elapsed if elapsed > 4.0 else self._last_throughput
@@ -229,7 +272,10 @@ class Scheduler:
             return 0
         now = asyncio.get_running_loop().time()
         for item in targets:
-            if item.state == RUNNING:
+            if item.state == RUNNING and config.engine == "sglang":
+                item.keep = min(item.generated, max(0, len(item.output_ids) - 1))
+                item.abort_finish = abort_reason(f"Abort request {item.rid}", None, None)
+            elif item.state == RUNNING:
                 done = (now - item.admitted_at) / item.duration if item.duration > 0 else 0.0
                 item.keep = max(0, min(len(item.output_ids) - 1, int(len(item.output_ids) * done)))
                 message = f"Abort request {item.rid}"
@@ -245,6 +291,16 @@ class Scheduler:
             self.finish(item, ABORTED, config)
 
     def load(self, config: SimConfig) -> list[dict[str, Any]]:
+        if config.engine == "sglang":
+            return [
+                {
+                    "dp_rank": r["dp_rank"],
+                    "num_reqs": r["num_running_reqs"] + r["num_waiting_reqs"],
+                    "num_waiting_reqs": r["num_waiting_reqs"],
+                    "num_tokens": r["num_total_tokens"],  # used + queued seq lens (S9 L591-617)
+                }
+                for r in self.engine.loads(config)
+            ]
         ranks = [self.rank(i) for i in range(config.dp_size)]
         return [
             {
