@@ -228,7 +228,7 @@ def test_missing_config_file(tmp_path: Path) -> None:
 def test_bad_config_value(sim: SimServerThread, tmp_path: Path) -> None:
     config = config_file(tmp_path, sim.url, "[run]\nconcurrency = 0\n")
     message = one_error_line(cli("generate", "--config", str(config), "--dataset", SHAREGPT), 2)
-    assert message == f"{config}: run.concurrency: Input should be greater than or equal to 1"
+    assert message == f"{config}: run.concurrency: must be 'auto' or an integer from 1 to 65536"
 
 
 def test_unreachable_server(tmp_path: Path) -> None:

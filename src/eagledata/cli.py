@@ -53,6 +53,14 @@ ServerOpt = Annotated[
     list[str] | None, typer.Option("--server", "-s", help="SGLang server URL; repeat for several")
 ]
 ProgressOpt = Annotated[bool, typer.Option("--progress/--no-progress", help="Show the live bar")]
+ConcurrencyOpt = Annotated[
+    str | None,
+    typer.Option(
+        metavar="auto|N",
+        help="Requests in flight: 'auto' (default) sizes them from the server's KV load; N is a "
+        "fixed cap",
+    ),
+]
 
 
 def _load(config_path: Path | None, overrides: dict[str, Any]) -> AppConfig:
@@ -79,7 +87,7 @@ def generate(
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Run directory")] = None,
     limit: Annotated[int | None, typer.Option(help="Use only the first N rows")] = None,
     max_new_tokens: Annotated[int | None, typer.Option(help="Tokens to generate at most")] = None,
-    concurrency: Annotated[int | None, typer.Option(help="Requests in flight")] = None,
+    concurrency: ConcurrencyOpt = None,
     samples: Annotated[int | None, typer.Option(help="Samples per prompt")] = None,
     progress: ProgressOpt = True,
     no_canary: Annotated[
@@ -115,7 +123,7 @@ def generate(
 def resume(
     run_dir: Annotated[Path, typer.Argument(help="The run directory to continue")],
     server: ServerOpt = None,
-    concurrency: Annotated[int | None, typer.Option(help="Requests in flight")] = None,
+    concurrency: ConcurrencyOpt = None,
     retry_failed: Annotated[
         bool, typer.Option(help="Generate the items in failures.jsonl again (not the skipped)")
     ] = False,

@@ -117,9 +117,38 @@ class ServerSettings(Strict):
 class RunSettings(Strict):
     out_dir: Path | None = None
     shard_size: int = Field(1000, ge=1)
-    concurrency: int = Field(64, ge=1, le=65536)
+    concurrency: int | Literal["auto"] = Field(
+        "auto", description="'auto' (sized from the server's load) or a fixed in-flight cap"
+    )
     limit: int | None = Field(None, ge=1)
     fsync_interval_s: float = Field(1.0, ge=0)
+
+    @field_validator("concurrency", mode="before")
+    @classmethod
+    def _concurrency(cls, value: Any) -> Any:
+        if isinstance(value, str) and value.strip().isdigit():
+            value = int(value)
+        if isinstance(value, int) and not isinstance(value, bool) and not 1 <= value <= 65536:
+            raise ValueError("must be 'auto' or an integer from 1 to 65536")
+        return value
+
+
+class LoadSettings(Strict):
+    """``--concurrency auto``: the load controller (``capacity/controller.py``) and telemetry."""
+
+    poll_interval_s: float = Field(1.0, gt=0, description="How often the load is read")
+    telemetry_interval_s: float = Field(5.0, gt=0, description="telemetry.jsonl sample period")
+    telemetry_max_bytes: int = Field(8 * 1024 * 1024, ge=4096)
+    max_in_flight: int = Field(1024, ge=1, le=65536, description="Ceiling under auto")
+    target_usage: float = Field(0.85, gt=0, le=1, description="Initial KV usage target u*")
+    min_usage: float = Field(0.60, gt=0, le=1)
+    max_usage: float = Field(0.95, gt=0, le=1)
+    freeze_s: float = Field(120.0, ge=0, description="No increase this long after a retraction")
+    creep_every_s: float = Field(30.0, gt=0, description="Period of the +0.01 increases")
+    length_quantile: float = Field(0.9, gt=0, le=1, description="Answer-length percentile")
+    expected_output_tokens: int | None = Field(
+        None, ge=1, description="Answer-length prior until 16 answers are in (max_new_tokens)"
+    )
 
 
 class CanarySettings(Strict):
@@ -156,6 +185,7 @@ class AppConfig(Strict):
     generation: GenerationSettings = Field(default_factory=GenerationSettings)
     server: ServerSettings = Field(default_factory=ServerSettings)
     run: RunSettings = Field(default_factory=RunSettings)
+    load: LoadSettings = Field(default_factory=LoadSettings)
     datasets: dict[str, DatasetSettings] = Field(default_factory=dict)
     canary: CanarySettings = Field(default_factory=CanarySettings)
 

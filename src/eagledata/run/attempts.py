@@ -6,18 +6,20 @@ The pipeline builds one ``ItemSender`` per session and hands ``send`` to the sch
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 from collections.abc import Callable
 from typing import Any
 
 from eagledata.errors import ItemError, RetryableItemError, ServerUnavailableError
 from eagledata.run.holding import HoldAndRelease
+from eagledata.run.loadcontrol import LoadController
 from eagledata.run.progress import Progress
 from eagledata.run.records import failure_entry
 from eagledata.run.scheduler import RetryPolicy
 from eagledata.run.workplan import WorkItem
 from eagledata.run.writer import FailureLog
-from eagledata.server.client import ServerDownError, SGLangClient, new_rid
+from eagledata.server.client import QueueFullError, ServerDownError, SGLangClient, new_rid
 
 
 class ItemSender:
@@ -36,6 +38,7 @@ class ItemSender:
         down_deadline_s: float,
         dataset_name: str,
         on_failure: Callable[[], None],
+        load: LoadController | None = None,
     ) -> None:
         self.client = client
         self.guard = guard
@@ -46,6 +49,42 @@ class ItemSender:
         self.down_deadline_s = down_deadline_s
         self.dataset_name = dataset_name
         self.on_failure = on_failure
+        self.load = load
+        """Under ``--concurrency auto``: the gate each attempt passes, and where it goes."""
+
+    async def _attempt(self, item: WorkItem, params: dict[str, Any]) -> Any:
+        """One request; under auto, admitted by the load controller and sent where it chose."""
+        load = self.load
+        if load is None or not load.auto:
+            return await self.client.generate(item.input_ids, params, new_rid())
+        ticket = await load.acquire(len(item.input_ids))
+        try:
+            result = await self.client.generate(
+                item.input_ids, params, new_rid(), url=ticket.lane.server, dp_rank=ticket.lane.rank
+            )
+        except QueueFullError:
+            load.release(ticket, queue_full=True)
+            raise
+        except BaseException:
+            load.release(ticket)
+            raise
+        load.release(
+            ticket, completion_tokens=result.completion_tokens, retractions=result.retractions
+        )
+        return result
+
+    async def _queue_full(self, exc: QueueFullError, item: WorkItem) -> None:
+        """A 503 is the server's backpressure, not the item's fault: wait 0.5-4 s (scaled by the
+        backoff base) and try again without spending an attempt, unless the server has served
+        nothing for ``down_deadline_s`` (then it is down, whatever it answers)."""
+        endpoint = self.client.endpoint(exc.server) if exc.server else None
+        if endpoint is not None and time.monotonic() - endpoint.last_ok > self.down_deadline_s:
+            raise ServerUnavailableError(
+                f"{endpoint.url} has answered 503 to everything for {self.down_deadline_s:g}s "
+                f"(last: {exc}); the run is saved: fix the server and run 'eagledata resume "
+                "RUN_DIR'"
+            )
+        await asyncio.sleep(random.uniform(0.5, 4.0) * min(1.0, self.policy.base_s))
 
     async def send(self, item: WorkItem) -> None:
         client = self.client
@@ -56,7 +95,10 @@ class ItemSender:
         first_failure: float | None = None
         while True:
             try:
-                result = await client.generate(item.input_ids, params, new_rid())
+                result = await self._attempt(item, params)
+            except QueueFullError as exc:
+                await self._queue_full(exc, item)
+                continue
             except ServerDownError:
                 await client.wait_until_healthy(
                     self.down_deadline_s, self.guard.check_reconnected, self.progress.note

@@ -14,18 +14,28 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from eagledata.config import AppConfig, FrozenSettings, resolve_bundled
-from eagledata.errors import EagledataError, RunDirError, ServerUnavailableError
+from pydantic import ValidationError
+
+from eagledata.config import (
+    AppConfig,
+    FrozenSettings,
+    RunSettings,
+    format_validation_error,
+    resolve_bundled,
+)
+from eagledata.errors import ConfigError, EagledataError, RunDirError, ServerUnavailableError
 from eagledata.quality.flags import FlagDetector
 from eagledata.run.attempts import ItemSender
 from eagledata.run.canary_setup import canary_prompts, start_canary
 from eagledata.run.dataset import ResolvedDataset, count_rows, resolve_dataset
 from eagledata.run.holding import HoldAndRelease
+from eagledata.run.loadcontrol import LoadController, ServerPlan
 from eagledata.run.manifest import RunDir, scan_totals
 from eagledata.run.progress import Progress, Summary
 from eagledata.run.records import make_record
 from eagledata.run.scheduler import RetryPolicy, Scheduler
 from eagledata.run.signals import first_fatal, stop_on_signals
+from eagledata.run.telemetry import TelemetryLog
 from eagledata.run.tokenization import LengthLimit, PromptTokenizer
 from eagledata.run.verify import canary_line, canary_summary
 from eagledata.run.workplan import Outcome, WorkItem, WorkPlan
@@ -126,9 +136,12 @@ class Run:
         # one line on stderr, without a bar drawn above it.
         progress = Progress(total=None, initial=0, enabled=False)
         api_key = SGLangClient.api_key_from_env(config.server.api_key_env)
+        # --concurrency auto: up to load.max_in_flight senders, each admitted by the controller.
+        fixed = config.run.concurrency if isinstance(config.run.concurrency, int) else None
+        ceiling = fixed or config.load.max_in_flight
         client = SGLangClient(
             config.server.urls,
-            in_flight=config.run.concurrency,
+            in_flight=ceiling,
             connections_per_pool=config.server.connections_per_pool,
             connect_timeout_s=config.server.connect_timeout_s,
             request_timeout_s=config.server.request_timeout_s,
@@ -159,11 +172,16 @@ class Run:
             self.counts.tokens += result.completion_tokens
             progress.advance(
                 tokens=result.completion_tokens,
-                in_flight=scheduler.stats.in_flight,
+                in_flight=scheduler.stats.in_flight
+                if load is None or not load.auto
+                else sum(lane.in_flight for lanes in load.lanes.values() for lane in lanes),
                 held=guard.held,
+                load=None if load is None else load.bar_fields(),
             )
 
-        scheduler: Scheduler[WorkItem] = Scheduler(config.run.concurrency)
+        scheduler: Scheduler[WorkItem] = Scheduler(ceiling)
+        load: LoadController | None = None
+        telemetry: TelemetryLog | None = None
         # Results the guard gives back (their server went down before a check vouched for them).
         redo: list[WorkItem] = []
         plan: WorkPlan | None = None
@@ -210,6 +228,8 @@ class Run:
                     )
                     guard.checks.append(monitor)
                     self.checks_s += time.monotonic() - canary_started
+                telemetry = TelemetryLog(self.run_dir.path, config.load.telemetry_max_bytes)
+                load = await self._load_controller(client, kv_guard, fixed, telemetry, progress)
                 plan = WorkPlan(
                     self.dataset,
                     samples_per_prompt=samples,
@@ -229,16 +249,19 @@ class Run:
                     down_deadline_s=config.server.down_deadline_s,
                     dataset_name=self.dataset.name,
                     on_failure=self._count_failure,
+                    load=load,
                 )
                 with stop_on_signals(scheduler, progress, self._on_stop):
                     while True:
                         try:
                             async with asyncio.TaskGroup() as group:
                                 guard_task = group.create_task(guard.run())
+                                load_task = group.create_task(load.run())
                                 try:
                                     await scheduler.run(source, sender.send)
                                 finally:
                                     guard_task.cancel()
+                                    load_task.cancel()
                         except BaseExceptionGroup as group_error:
                             raise first_fatal(group_error) from None
                         flush_started = time.monotonic()
@@ -261,6 +284,8 @@ class Run:
             check_log.close()
             if quality_log is not None:
                 quality_log.close()
+            if telemetry is not None:
+                telemetry.close()
         if plan is not None and plan.complete and not self.interrupted and not scheduler.stopping:
             self.run_dir.set_planned(plan.enumerated)
         return self._summary(started)
@@ -285,6 +310,31 @@ class Run:
             context_length=min(contexts, default=None),
             max_new_tokens=self.config.generation.max_new_tokens,
         )
+
+    async def _load_controller(
+        self,
+        client: SGLangClient,
+        guard: KVGuard,
+        fixed: int | None,
+        telemetry: TelemetryLog,
+        progress: Progress,
+    ) -> LoadController:
+        """The load controller over every server, routers read through their workers."""
+        load = LoadController(
+            client,
+            self.config.load,
+            fixed=fixed,
+            max_new_tokens=self.config.generation.max_new_tokens,
+            telemetry=telemetry,
+            note=lambda message: progress.note(message),
+        )
+        for endpoint in client.endpoints:
+            workers = None
+            if endpoint.healthy:
+                with contextlib.suppress(EagledataError):
+                    workers = await client.router_workers(endpoint.url)
+            load.add_server(ServerPlan(endpoint.url, guard.facts.get(endpoint.url), workers))
+        return load
 
     def _manifest_extra(self, guard: KVGuard, estimate: int | None) -> dict[str, Any]:
         return {
@@ -388,7 +438,7 @@ def resume(
     run_path: Path,
     *,
     server_urls: list[str] | None = None,
-    concurrency: int | None = None,
+    concurrency: int | str | None = None,
     retry_failed: bool = False,
     progress: bool = True,
 ) -> Summary:
@@ -408,9 +458,17 @@ def resume(
             update={"server": config.server.model_copy(update={"urls": server_urls})}
         )
     if concurrency:
-        config = config.model_copy(
-            update={"run": config.run.model_copy(update={"concurrency": concurrency})}
-        )
+        config = config.model_copy(update={"run": _with_concurrency(config.run, concurrency)})
     frozen = run_dir.frozen()
     dataset = ResolvedDataset(frozen.dataset_name, frozen.dataset)
     return _execute(config, dataset, run_path, progress, retry_failed)
+
+
+def _with_concurrency(run: RunSettings, concurrency: int | str) -> RunSettings:
+    """``resume --concurrency auto|N``, checked like the config's own value."""
+    try:
+        return RunSettings.model_validate({**run.model_dump(), "concurrency": concurrency})
+    except ValidationError as exc:
+        raise ConfigError(
+            format_validation_error(exc, "", frozenset({"run.concurrency"}))
+        ) from None

@@ -60,17 +60,24 @@ class Progress:
         )
         self._last_postfix = 0.0
 
-    def advance(self, *, tokens: int = 0, in_flight: int = 0, held: int = 0) -> None:
+    def advance(
+        self,
+        *,
+        tokens: int = 0,
+        in_flight: int = 0,
+        held: int = 0,
+        load: dict[str, str] | None = None,
+    ) -> None:
+        """One more item done; ``load`` adds the servers' KV usage, running and queued."""
         if tokens:
             self.rate.add(tokens)
         self._bar.update(1)
         now = time.monotonic()
         if now - self._last_postfix >= 0.5:
             self._last_postfix = now
-            self._bar.set_postfix(
-                {"tok/s": f"{self.rate.rate(now):,.0f}", "in_flight": in_flight, "held": held},
-                refresh=False,
-            )
+            postfix: dict[str, object] = {"tok/s": f"{self.rate.rate(now):,.0f}", **(load or {})}
+            postfix.update(in_flight=in_flight, held=held)
+            self._bar.set_postfix(postfix, refresh=False)
 
     def note(self, message: str) -> None:
         self._bar.write(message, file=sys.stderr)

@@ -37,6 +37,13 @@ from eagledata.errors import (
 )
 
 # Re-exported: callers that hold a client also name its results and request ids from here.
+from eagledata.server.loads import (
+    ServerLoad,
+    parse_get_load,
+    parse_metrics,
+    parse_v1_loads,
+    with_retractions,
+)
 from eagledata.server.responses import GenerateResult as GenerateResult
 from eagledata.server.responses import error_message
 from eagledata.server.responses import new_rid as new_rid
@@ -47,6 +54,13 @@ class ServerDownError(RetryableItemError):
     """The server did not accept a connection. Not the item's fault: it does not use an attempt."""
 
     reason = "server_down"
+
+
+class QueueFullError(RetryableItemError):
+    """HTTP 503: the server's waiting queue is full (``--max-queued-requests``). The server's
+    backpressure, not the item's fault: it does not use an attempt (``run/attempts.py``)."""
+
+    reason = "http_503"
 
 
 class _Shard:
@@ -102,6 +116,7 @@ class SGLangClient:
         self._tls: ssl.SSLContext | None = None
         self._health_poll_s = health_poll_s
         self._recovering = asyncio.Lock()
+        self._missing_load_routes: dict[str, set[str]] = {}
 
     @classmethod
     def api_key_from_env(cls, variable: str) -> str | None:
@@ -163,12 +178,24 @@ class SGLangClient:
     # --- the data path ---------------------------------------------------------------------
 
     async def generate(
-        self, input_ids: list[int], sampling_params: dict[str, Any], rid: str
+        self,
+        input_ids: list[int],
+        sampling_params: dict[str, Any],
+        rid: str,
+        *,
+        url: str | None = None,
+        dp_rank: int | None = None,
     ) -> GenerateResult:
-        """One attempt at one generation. Raises an ``ItemError`` or a ``ServerError``."""
-        endpoint = self.pick_endpoint()
+        """One attempt at one generation. Raises an ``ItemError`` or a ``ServerError``.
+
+        ``url`` sends it to that server (the load controller's choice) while it is healthy;
+        ``dp_rank`` pins its DP rank (``data_parallel_rank``)."""
+        chosen = self.endpoint(url) if url is not None else None
+        endpoint = chosen if chosen is not None and chosen.healthy else self.pick_endpoint()
         try:
-            result = await self._generate(endpoint, input_ids, sampling_params, rid)
+            result = await self._generate(
+                endpoint, input_ids, sampling_params, rid, dp_rank=dp_rank
+            )
         except RetryableItemError as exc:
             exc.server = endpoint.url
             raise
@@ -187,13 +214,23 @@ class SGLangClient:
         return True
 
     async def _generate(
-        self, endpoint: Endpoint, input_ids: list[int], sampling_params: dict[str, Any], rid: str
+        self,
+        endpoint: Endpoint,
+        input_ids: list[int],
+        sampling_params: dict[str, Any],
+        rid: str,
+        dp_rank: int | None = None,
     ) -> GenerateResult:
         shard = self._shard(endpoint.url)
         pool_index = shard.pick()
-        body = orjson.dumps(
-            {"input_ids": input_ids, "sampling_params": sampling_params, "rid": rid}
-        )
+        request: dict[str, Any] = {
+            "input_ids": input_ids,
+            "sampling_params": sampling_params,
+            "rid": rid,
+        }
+        if dp_rank is not None:
+            request["data_parallel_rank"] = dp_rank
+        body = orjson.dumps(request)
         endpoint.in_flight += 1
         shard.load[pool_index] += 1
         try:
@@ -233,6 +270,8 @@ class SGLangClient:
             raise self._auth_error(endpoint.url, status)
         if status == 404:
             raise ServerError(f"{endpoint.url} has no /generate route; is it an SGLang server?")
+        if status == 503:
+            raise QueueFullError(f"HTTP 503: {message}")
         if status >= 500 or status == 429:
             raise RetryableItemError(f"HTTP {status}: {message}", reason=f"http_{status}")
         raise RejectedRequestError(f"HTTP {status}: {message}", reason=f"http_{status}")
@@ -337,6 +376,47 @@ class SGLangClient:
             else:
                 last_error = f"{route} answered HTTP {response.status_code}"
         raise ServerError(f"{url}: no server facts ({last_error}); is it an SGLang server?")
+
+    async def read_load(self, url: str) -> ServerLoad | None:
+        """The server's live load from the best signal it offers (``server/loads.py``):
+        ``/v1/loads`` (with ``/metrics`` for the retraction counter), else ``/metrics``, else
+        ``/get_load``. None when it offers none or cannot be reached; a route that answers 404
+        once is not asked again."""
+        missing = self._missing_load_routes.setdefault(url, set())
+        loads = metrics = None
+        if "/v1/loads" not in missing:
+            body = await self._load_route(url, "/v1/loads?include=core,memory,queues", missing)
+            loads = parse_v1_loads(body) if body is not None else None
+        if "/metrics" not in missing:
+            text = await self._load_route(url, "/metrics", missing, text=True)
+            metrics = parse_metrics(text) if isinstance(text, str) else None
+        if loads is not None:
+            return with_retractions(loads, metrics)
+        if metrics is not None:
+            return metrics
+        if "/get_load" not in missing:
+            body = await self._load_route(url, "/get_load", missing)
+            return parse_get_load(body) if body is not None else None
+        return None
+
+    async def _load_route(
+        self, url: str, route: str, missing: set[str], *, text: bool = False
+    ) -> Any:
+        try:
+            response = await self._control_get(url + route)
+        except httpx.HTTPError:
+            return None
+        if response.status_code in (404, 405):
+            missing.add(route.split("?")[0])
+            return None
+        if response.status_code != 200:
+            return None
+        if text:
+            return response.text
+        try:
+            return orjson.loads(response.content)
+        except orjson.JSONDecodeError:
+            return None
 
     async def router_workers(self, url: str) -> list[str] | None:
         """The workers behind an sglang-router at ``url``; None when ``url`` is no router.

@@ -45,6 +45,9 @@ class GenerateResult:
     spec_verify_ct: int | None = None
     """Speculative verify steps SGLang ran for this answer (``meta_info.spec_verify_ct``); None
     without speculative decoding, and when no verify step ran (a one-token answer)."""
+    retractions: int = 0
+    """Times the server retracted this request (``meta_info.total_retractions``, S9, or
+    ``num_retractions``, later): each one cost a re-prefill."""
 
 
 def error_message(content: bytes) -> str:
@@ -105,6 +108,7 @@ def parse_generate_item(item: Any, input_ids: list[int], rid: str, server: str) 
         e2e_latency=float(latency) if isinstance(latency, (int, float)) else None,
         weight_version=meta.get("weight_version"),
         spec_verify_ct=_spec_verify_ct(meta),
+        retractions=_retractions(meta),
     )
 
 
@@ -114,3 +118,11 @@ def _spec_verify_ct(meta: dict[str, Any]) -> int | None:
     least one verify step; anything but a non-negative int reads as unknown."""
     value = meta.get("spec_verify_ct")
     return value if type(value) is int and value >= 0 else None
+
+
+def _retractions(meta: dict[str, Any]) -> int:
+    for key in ("total_retractions", "num_retractions"):
+        value = meta.get(key)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return 0

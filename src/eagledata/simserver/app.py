@@ -280,7 +280,7 @@ async def list_models(request: web.Request) -> web.Response:
 
 async def get_load(request: web.Request) -> web.Response:
     state = request.app[STATE]
-    if state.config.version_tuple() >= (0, 5, 21):  # removed in 0.5.21
+    if state.config.version_tuple() >= (0, 5, 21) or state.config.hide_load_routes:
         raise web.HTTPNotFound()
     load = state.scheduler.load(state.config)
     return _json([{**entry, "ts_tic": time.time()} for entry in load])
@@ -313,7 +313,7 @@ async def abort_request(request: web.Request) -> web.Response:
 
 async def metrics(request: web.Request) -> web.Response:
     state = request.app[STATE]
-    if not state.config.enable_metrics:
+    if not state.config.enable_metrics or state.config.hide_load_routes:
         raise web.HTTPNotFound()
     text = render_metrics(state)
     return web.Response(text=text, content_type="text/plain", charset="utf-8")
@@ -322,7 +322,7 @@ async def metrics(request: web.Request) -> web.Response:
 async def v1_loads(request: web.Request) -> web.Response:
     """``/v1/loads`` (0.5.8+): live load per DP rank (``entrypoints/v1_loads.py``)."""
     state = request.app[STATE]
-    if state.config.version_tuple() < (0, 5, 8):
+    if state.config.version_tuple() < (0, 5, 8) or state.config.hide_load_routes:
         raise web.HTTPNotFound()
     return _json(render_loads(state, request.query.get("dp_rank")))
 

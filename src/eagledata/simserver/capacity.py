@@ -103,6 +103,9 @@ class EngineRank:
     """Modelled seconds: iterations at their modelled length, idle gaps at wall time / scale
     (so Python's own overhead never counts as server time)."""
     idle_since: float | None = None
+    due: float | None = None
+    """Wall time the next iteration is due: iterations are timed from this anchor, so Python's
+    own overhead does not accumulate into a slower modelled clock."""
     decoded_tokens: int = 0
 
 
@@ -183,17 +186,20 @@ class CapacityEngine:
             self._wake_waiter(item)
         if not rank.queue and not rank.running:
             rank.ratio = ratio_bounds(config)[0]  # idle: SGLang re-inits the ratio
+            rank.due = None
             rank.idle_since = loop.time()
             return
         seconds = self._prefill(rank, config, loop.time())
         if seconds is None:
             seconds = self._decode(rank, config, loop.time()) if rank.running else 0.0
         if seconds == 0.0 and not rank.running:
-            rank.idle_since = loop.time()
+            rank.idle_since, rank.due = loop.time(), None
             return  # the head of the queue cannot be admitted into an empty pool: wait for work
         rank.usage_area += rank.used / config.max_total_num_tokens * seconds
         rank.sim_time += seconds
-        rank.timer = loop.call_later(seconds * config.time_scale, self._tick, rank, config)
+        start = loop.time() if rank.due is None else max(rank.due, loop.time() - 0.05)
+        rank.due = start + seconds * config.time_scale
+        rank.timer = loop.call_at(rank.due, self._tick, rank, config)
 
     def _prefill(self, rank: EngineRank, config: SimConfig, now: float) -> float | None:
         """Admit what the rule allows into one prefill batch; its duration, None if none."""

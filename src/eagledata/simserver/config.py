@@ -116,6 +116,9 @@ class SimConfig(BaseModel):
     """When set, an answer that stops on EOS is about ``output_len_mean +
     output_len_per_prompt_token x prompt_len`` tokens, +- ``output_len_spread`` (uniform), instead
     of uniform over [1, max_new_tokens): a workload whose length a benchmark controls."""
+    hide_load_routes: bool = False
+    """``/v1/loads``, ``/get_load`` and ``/metrics`` answer 404 (a proxy that filters them):
+    a server without any load signal."""
     output_len_spread: float = Field(default=0.25, ge=0.0, le=1.0)
     output_len_per_prompt_token: float = Field(default=0.0, ge=0.0)
 

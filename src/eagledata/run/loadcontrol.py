@@ -1,0 +1,362 @@
+"""The live side of ``--concurrency auto``: read each server's load, gate and route requests.
+
+``capacity/controller.py`` owns the numbers; this module feeds it. Every ``poll_interval_s`` it
+reads each server's load through the client (``/v1/loads``, else ``/metrics``, else
+``/get_load``; behind an sglang-router, each worker's), updates that server's lanes (one per DP
+rank when the server runs DP attention, pinned with ``data_parallel_rank``), and every
+``telemetry_interval_s`` writes one ``telemetry.jsonl`` line per lane. Senders ``acquire`` a
+ticket before each request: the first waiter goes to the lane with the most free projected KV,
+once one has room, so a slow or small server gets less work and a fast or large one more.
+
+With a fixed ``--concurrency N`` nothing is gated; the loop still samples for the telemetry and
+the progress bar.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from eagledata.capacity.controller import (
+    ControllerSettings,
+    Lane,
+    LaneSample,
+    LengthModel,
+    Ticket,
+    fallback_concurrency,
+    initial_queue_target,
+)
+from eagledata.config import LoadSettings
+from eagledata.run.telemetry import TelemetryLog
+from eagledata.server.client import SGLangClient
+from eagledata.server.loads import ServerLoad, merge_workers
+from eagledata.server.serverfacts import ServerFacts
+
+
+@dataclass(frozen=True, slots=True)
+class ServerPlan:
+    """What the controller knows of a server before its first load sample."""
+
+    url: str
+    facts: ServerFacts | None
+    workers: list[str] | None
+    """The workers behind a router at ``url``; None for a plain server."""
+
+
+def controller_settings(load: LoadSettings) -> ControllerSettings:
+    return ControllerSettings(
+        target_usage=load.target_usage,
+        min_usage=load.min_usage,
+        max_usage=load.max_usage,
+        freeze_s=load.freeze_s,
+        creep_every_s=load.creep_every_s,
+        length_quantile=load.length_quantile,
+        backoff_gap_s=2 * load.poll_interval_s,
+    )
+
+
+class LoadController:
+    """Lanes per server, their gate (auto) and their telemetry (always)."""
+
+    def __init__(
+        self,
+        client: SGLangClient,
+        load: LoadSettings,
+        *,
+        fixed: int | None,
+        max_new_tokens: int,
+        telemetry: TelemetryLog | None,
+        note: Callable[[str], None],
+    ) -> None:
+        self.client = client
+        self.load = load
+        self.fixed = fixed
+        self.max_new_tokens = max_new_tokens
+        self.telemetry = telemetry
+        self.note = note
+        self.settings = controller_settings(load)
+        prior = min(max_new_tokens, load.expected_output_tokens or max_new_tokens)
+        self.lengths = LengthModel(
+            prior=prior,
+            quantile=load.length_quantile,
+            min_samples=self.settings.min_samples,
+        )
+        self.lanes: dict[str, list[Lane]] = {}
+        self.plans: dict[str, ServerPlan] = {}
+        self._waiters: deque[tuple[int, asyncio.Future[Ticket]]] = deque()
+        self._fallback_said: set[str] = set()
+        self._prompt_sum = 0
+        self._prompt_count = 0
+        self.latest: dict[str, dict[str, Any]] = {}
+        """The last telemetry entry per lane key, for the progress bar."""
+
+    @property
+    def auto(self) -> bool:
+        return self.fixed is None
+
+    # --- setup ----------------------------------------------------------------------------------
+
+    def add_server(self, plan: ServerPlan) -> None:
+        facts = plan.facts
+        ranks: list[int | None] = [None]
+        if plan.workers is None and facts is not None and facts.enable_dp_attention:
+            ranks = list(range(max(1, facts.dp_size or 1)))
+        pool = None if facts is None else facts.max_total_num_tokens
+        if plan.workers is not None:
+            pool = None  # the router's workers' pools, summed, come with the first sample
+        queue = initial_queue_target(self.settings.chunked_prefill_size, 0.0)
+        self.lanes[plan.url] = [
+            Lane(
+                server=plan.url,
+                rank=rank,
+                settings=self.settings,
+                pool_tokens=pool,
+                max_running=None if facts is None else facts.max_running_requests,
+                usage_target=self.settings.target_usage,
+                queue_target=queue,
+                queue_cap=queue,
+                decode_rate=self.settings.default_decode_rate,
+            )
+            for rank in ranks
+        ]
+        self.plans[plan.url] = plan
+
+    # --- the loop -------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Sample until cancelled (the pipeline's task group owns this task)."""
+        last_telemetry = -float("inf")
+        while True:
+            now = time.monotonic()
+            for url in list(self.lanes):
+                await self._sample(url, now)
+            self._queue_targets()
+            if now - last_telemetry >= self.load.telemetry_interval_s:
+                last_telemetry = now
+                self._write_telemetry()
+            self._dispatch()
+            await asyncio.sleep(self.load.poll_interval_s)
+
+    def _queue_targets(self) -> None:
+        """``q*`` from the prompts seen so far: enough to fill one prefill batch. A lane whose
+        queue a 503 made shallower gets its slots back through its own calm periods."""
+        if not self._prompt_count:
+            return
+        mean = self._prompt_sum / self._prompt_count
+        cap = initial_queue_target(self.settings.chunked_prefill_size, mean)
+        for lanes in self.lanes.values():
+            for lane in lanes:
+                if lane.queue_target >= lane.queue_cap:
+                    lane.queue_target = cap
+                lane.queue_cap = cap
+
+    async def _read(self, url: str) -> ServerLoad | None:
+        plan = self.plans[url]
+        if plan.workers is None:
+            return await self.client.read_load(url)
+        loads = [await self.client.read_load(worker) for worker in plan.workers]
+        known = [load for load in loads if load is not None]
+        return merge_workers(known) if len(known) == len(loads) else None
+
+    async def _sample(self, url: str, now: float) -> None:
+        load = await self._read(url)
+        lanes = self.lanes[url]
+        if load is None:
+            self._fall_back(url, lanes)
+            return
+        if len(lanes) == 1 and lanes[0].rank is None and len(load.ranks) > 1:
+            load = merge_workers([load]) or load  # ranks we cannot pin: one lane
+        by_rank = {rank.rank: rank for rank in load.ranks}
+        for lane in lanes:
+            rank = by_rank.get(lane.rank or 0)
+            if rank is None:
+                continue
+            lane.fallback_limit = None
+            share = len(lanes)
+            total = load.retracted_total
+            sample = LaneSample(
+                time=now,
+                used_tokens=rank.used_tokens,
+                pool_tokens=rank.pool_tokens or lane.pool_tokens,
+                running=rank.running,
+                waiting=rank.waiting,
+                token_usage=rank.token_usage,
+                gen_throughput=rank.gen_throughput,
+                # The counter is summed over ranks: any increase is a retraction for each lane.
+                retracted_total=total / share if total is not None else None,
+                retracted_waiting=rank.retracted_waiting,
+                max_running=rank.max_running,
+            )
+            if lane.observe(sample, now) and self.auto:
+                self.note_once(
+                    f"retract:{url}",
+                    f"{url} retracted requests: target KV usage now {lane.usage_target:.2f}",
+                )
+            lane_key = _lane_key(lane)
+            self.latest[lane_key] = self._entry(lane, load.source, rank.running, rank.waiting)
+
+    def _fall_back(self, url: str, lanes: list[Lane]) -> None:
+        """No load signal: the planner's number, said once per server."""
+        if any(lane.sample is not None for lane in lanes):
+            return  # a missed sample of a server that has answered before: keep the last one
+        facts = self.plans[url].facts
+        pool = (facts.system_kv_tokens if facts is not None else None) or 0
+        mean_prompt = self._prompt_sum / self._prompt_count if self._prompt_count else 1000.0
+        if pool:
+            limit = fallback_concurrency(
+                pool,
+                mean_prompt_tokens=mean_prompt,
+                mean_output_tokens=self.lengths.prior,
+            )
+        else:
+            limit = 64
+        per_lane = max(1, limit // len(lanes))
+        for lane in lanes:
+            lane.fallback_limit = per_lane
+        if self.auto and url not in self._fallback_said:
+            self._fallback_said.add(url)
+            self.note(
+                f"{url} reports no load (/v1/loads, /metrics and /get_load all missing): "
+                f"--concurrency auto keeps {per_lane * len(lanes)} in flight there, the "
+                "planner's number; launch it with --enable-metrics for the live controller"
+            )
+
+    def note_once(self, key: str, message: str) -> None:
+        if key not in self._fallback_said:
+            self._fallback_said.add(key)
+            self.note(message)
+
+    # --- the gate -------------------------------------------------------------------------------
+
+    async def acquire(self, prompt_tokens: int) -> Ticket:
+        """Wait until some lane has room for this request; it is then counted in flight there."""
+        self._prompt_sum += prompt_tokens
+        self._prompt_count += 1
+        fut: asyncio.Future[Ticket] = asyncio.get_running_loop().create_future()
+        self._waiters.append((prompt_tokens, fut))
+        self._dispatch()
+        try:
+            return await fut
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled():
+                self.release(fut.result())
+            raise
+
+    def _healthy(self, url: str) -> bool:
+        endpoint = self.client.endpoint(url)
+        return endpoint is None or endpoint.healthy
+
+    def _dispatch(self) -> None:
+        now = time.monotonic()
+        while self._waiters:
+            prompt, fut = self._waiters[0]
+            if fut.done():
+                self._waiters.popleft()
+                continue
+            # Projected now, not when it started waiting: the length model learns meanwhile.
+            projected = prompt + min(self.max_new_tokens, self.lengths.estimate(prompt))
+            lengths = self.lengths.distribution(prompt)
+            best: tuple[float, Ticket] | None = None
+            for url, lanes in self.lanes.items():
+                if not self._healthy(url):
+                    continue
+                for lane in lanes:
+                    candidate = Ticket(lane, prompt, projected, now, lengths)
+                    room = lane.room(candidate, now)
+                    if room is not None and (best is None or room > best[0]):
+                        best = (room, candidate)
+            if best is None:
+                return
+            ticket = best[1]
+            ticket.lane.tickets[ticket] = None
+            self._waiters.popleft()
+            fut.set_result(ticket)
+
+    def release(
+        self,
+        ticket: Ticket,
+        *,
+        completion_tokens: int | None = None,
+        retractions: int = 0,
+        queue_full: bool = False,
+    ) -> None:
+        """The request ended (a result, a failure, a 503): free its place, learn from it."""
+        lane = ticket.lane
+        lane.tickets.pop(ticket, None)
+        now = time.monotonic()
+        if completion_tokens is not None:
+            self.lengths.add(ticket.prompt_tokens, completion_tokens)
+            lane.learn_rate(completion_tokens, now - ticket.sent_at)
+        if retractions:
+            lane.back_off(now)
+        if queue_full:
+            lane.queue_full()
+        self._dispatch()
+
+    # --- what it shows --------------------------------------------------------------------------
+
+    def _in_flight(self, lane: Lane) -> int:
+        if self.auto:
+            return lane.in_flight
+        endpoint = self.client.endpoint(lane.server)
+        return 0 if endpoint is None else endpoint.in_flight
+
+    def _entry(
+        self, lane: Lane, source: str, running: int | None, waiting: int | None
+    ) -> dict[str, Any]:
+        sample = lane.sample
+        usage = sample.token_usage if sample is not None else None
+        if usage is None and sample is not None and sample.used_tokens and lane.pool_tokens:
+            usage = sample.used_tokens / lane.pool_tokens
+        return {
+            "time": time.time(),
+            "server": lane.server,
+            "rank": lane.rank,
+            "source": source,
+            "token_usage": None if usage is None else round(usage, 4),
+            "num_running_reqs": running,
+            "num_queue_reqs": waiting,
+            "gen_throughput": None if sample is None else sample.gen_throughput,
+            "num_retracted_reqs": lane.retractions,
+            "in_flight": self._in_flight(lane),
+            "target": self.fixed if self.fixed is not None else lane.sustainable_running(),
+            "target_usage": round(lane.usage_target, 3) if self.auto else None,
+            "queue_full": lane.rejections,
+            "spec_accept_length": None,
+        }
+
+    def _write_telemetry(self) -> None:
+        for lanes in self.lanes.values():
+            for lane in lanes:
+                entry = self.latest.get(_lane_key(lane))
+                if entry is None:
+                    entry = {
+                        **self._entry(lane, "none", None, None),
+                        "source": "none",
+                    }
+                entry = {**entry, "time": time.time(), "in_flight": self._in_flight(lane)}
+                if self.telemetry is not None:
+                    with contextlib.suppress(OSError):
+                        self.telemetry.append(entry)
+
+    def bar_fields(self) -> dict[str, str]:
+        """KV usage, running and queued, summed over lanes, for the progress bar."""
+        entries = list(self.latest.values())
+        if not entries:
+            return {}
+        usages = [e["token_usage"] for e in entries if e.get("token_usage") is not None]
+        running = sum(e.get("num_running_reqs") or 0 for e in entries)
+        queued = sum(e.get("num_queue_reqs") or 0 for e in entries)
+        fields = {"running": str(running), "queued": str(queued)}
+        if usages:
+            fields = {"kv": f"{100 * sum(usages) / len(usages):.0f}%", **fields}
+        return fields
+
+
+def _lane_key(lane: Lane) -> str:
+    return lane.server if lane.rank is None else f"{lane.server}#{lane.rank}"

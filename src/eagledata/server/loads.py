@@ -1,0 +1,203 @@
+"""A server's live load, from whichever signal it offers, without HTTP (``client`` reads them).
+
+Three sources, best first (``reference/sglang-quality-and-load.md`` section 3):
+
+* ``GET /v1/loads`` (SGLang 0.5.8+): per DP rank ``num_running_reqs``, ``num_waiting_reqs``,
+  ``num_used_tokens``, ``max_total_num_tokens``, ``token_usage`` (live), ``gen_throughput`` (0
+  without ``--enable-metrics``) and ``queues.retracted``.
+* ``GET /metrics`` (``--enable-metrics``): the same gauges as Prometheus text, one series per DP
+  rank, plus the cumulative ``sglang:num_retracted_requests_total`` counter (0.5.7+). Gauges are
+  refreshed on logged batches only (every 40 decode steps).
+* ``GET /get_load`` (deprecated, gone in 0.5.21): per rank ``num_reqs``, ``num_waiting_reqs`` and
+  ``num_tokens`` (used + queued tokens); no pool size, no usage.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+from typing import Any, Literal
+
+LoadSource = Literal["loads", "metrics", "get_load"]
+
+
+@dataclass(frozen=True, slots=True)
+class RankLoad:
+    """One DP rank's numbers; None where the source does not report them."""
+
+    rank: int
+    running: int | None = None
+    waiting: int | None = None
+    used_tokens: int | None = None
+    pool_tokens: int | None = None
+    token_usage: float | None = None
+    gen_throughput: float | None = None
+    retracted_waiting: int | None = None
+    max_running: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ServerLoad:
+    source: LoadSource
+    ranks: tuple[RankLoad, ...]
+    retracted_total: float | None = None
+    """Cumulative retractions over all ranks (``/metrics`` 0.5.7+), None if not reported."""
+    retracted_recent: float | None = None
+    """Retractions in the server's last log window (the ``num_retracted_reqs`` gauge)."""
+
+
+def _int(value: Any) -> int | None:
+    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _float(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def parse_v1_loads(body: Any) -> ServerLoad | None:
+    """``/v1/loads`` JSON (S9 shape, and the later one without ``aggregate``)."""
+    entries = body.get("loads") if isinstance(body, dict) else None
+    if not isinstance(entries, list):
+        return None
+    ranks = []
+    for index, entry in enumerate(entries):
+        if not isinstance(entry, dict):
+            continue
+        raw_queues = entry.get("queues")
+        queues: dict[str, Any] = raw_queues if isinstance(raw_queues, dict) else {}
+        ranks.append(
+            RankLoad(
+                rank=_int(entry.get("dp_rank")) or index,
+                running=_int(entry.get("num_running_reqs")),
+                waiting=_int(entry.get("num_waiting_reqs")),
+                used_tokens=_int(entry.get("num_used_tokens")),
+                pool_tokens=_int(entry.get("max_total_num_tokens")),
+                token_usage=_float(entry.get("token_usage")),
+                gen_throughput=_float(entry.get("gen_throughput")),
+                retracted_waiting=_int(queues.get("retracted")),
+                max_running=_int(entry.get("max_running_requests")),
+            )
+        )
+    if not ranks:
+        return None
+    return ServerLoad("loads", tuple(sorted(ranks, key=lambda r: r.rank)))
+
+
+_SAMPLE = re.compile(r"^(sglang:[a-z_]+)(?:\{([^}]*)\})?\s+(\S+)")
+_DP_RANK = re.compile(r'dp_rank="(\d+)"')
+_GAUGE_FIELDS = {
+    "sglang:num_running_reqs": "running",
+    "sglang:num_queue_reqs": "waiting",
+    "sglang:num_used_tokens": "used_tokens",
+    "sglang:max_total_num_tokens": "pool_tokens",
+    "sglang:token_usage": "token_usage",
+    "sglang:gen_throughput": "gen_throughput",
+}
+_RETRACTED_COUNTERS = ("sglang:num_retracted_requests_total",)
+_RETRACTED_GAUGES = ("sglang:num_retracted_reqs", "sglang:total_retracted_reqs")
+
+
+def parse_metrics(text: str) -> ServerLoad | None:
+    """Prometheus text from ``/metrics``: gauges per ``dp_rank`` label (rank 0 without one)."""
+    values: dict[int, dict[str, float]] = {}
+    counter: float | None = None
+    recent: float | None = None
+    for line in text.splitlines():
+        match = _SAMPLE.match(line)
+        if match is None:
+            continue
+        name, labels, raw = match.groups()
+        try:
+            value = float(raw)
+        except ValueError:
+            continue
+        if name in _RETRACTED_COUNTERS:
+            counter = (counter or 0.0) + value
+        elif name in _RETRACTED_GAUGES:
+            recent = (recent or 0.0) + value
+        elif name in _GAUGE_FIELDS:
+            rank_match = _DP_RANK.search(labels or "")
+            rank = int(rank_match.group(1)) if rank_match else 0
+            values.setdefault(rank, {})[_GAUGE_FIELDS[name]] = value
+    if not values:
+        return None
+    ranks = []
+    for rank, fields in sorted(values.items()):
+        kwargs: dict[str, Any] = {}
+        for key, value in fields.items():
+            kwargs[key] = value if key in ("token_usage", "gen_throughput") else int(value)
+        ranks.append(RankLoad(rank=rank, **kwargs))
+    return ServerLoad("metrics", tuple(ranks), retracted_total=counter, retracted_recent=recent)
+
+
+def parse_get_load(body: Any) -> ServerLoad | None:
+    """``/get_load``: a list per DP rank; ``num_tokens`` counts used and queued tokens."""
+    if isinstance(body, dict):
+        body = [body]
+    if not isinstance(body, list):
+        return None
+    ranks = []
+    for index, entry in enumerate(body):
+        if not isinstance(entry, dict):
+            continue
+        total, waiting = _int(entry.get("num_reqs")), _int(entry.get("num_waiting_reqs"))
+        running = total - waiting if total is not None and waiting is not None else None
+        ranks.append(
+            RankLoad(
+                rank=_int(entry.get("dp_rank")) or index,
+                running=running,
+                waiting=waiting,
+                used_tokens=_int(entry.get("num_tokens")),
+            )
+        )
+    return ServerLoad("get_load", tuple(ranks)) if ranks else None
+
+
+def with_retractions(load: ServerLoad, metrics: ServerLoad | None) -> ServerLoad:
+    """``/v1/loads`` has no retraction counter: take it (and a missing throughput) from
+    ``/metrics`` when the server offers both."""
+    if metrics is None:
+        return load
+    by_rank = {rank.rank: rank for rank in metrics.ranks}
+    ranks = []
+    for rank in load.ranks:
+        other = by_rank.get(rank.rank)
+        if other is not None and not rank.gen_throughput and other.gen_throughput:
+            rank = replace(rank, gen_throughput=other.gen_throughput)
+        ranks.append(rank)
+    return replace(
+        load,
+        ranks=tuple(ranks),
+        retracted_total=metrics.retracted_total,
+        retracted_recent=metrics.retracted_recent,
+    )
+
+
+def _sum(values: list[Any]) -> Any:
+    known = [value for value in values if value is not None]
+    return sum(known) if known else None
+
+
+def merge_workers(loads: list[ServerLoad]) -> ServerLoad | None:
+    """The workers behind a router as one lane: the router, not eagledata, picks the worker of
+    each request, so what counts is their pools and queues together."""
+    ranks = [rank for load in loads for rank in load.ranks]
+    if not ranks:
+        return None
+    used = _sum([rank.used_tokens for rank in ranks])
+    pool = _sum([rank.pool_tokens for rank in ranks])
+    usage = used / pool if used is not None and pool else None
+    merged = RankLoad(
+        rank=0,
+        running=_sum([rank.running for rank in ranks]),
+        waiting=_sum([rank.waiting for rank in ranks]),
+        used_tokens=used,
+        pool_tokens=pool,
+        token_usage=usage,
+        gen_throughput=_sum([rank.gen_throughput for rank in ranks]),
+        retracted_waiting=_sum([rank.retracted_waiting for rank in ranks]),
+        max_running=_sum([rank.max_running for rank in ranks]),
+    )
+    totals = [load.retracted_total for load in loads]
+    total = None if any(t is None for t in totals) else _sum(totals)
+    return ServerLoad(loads[0].source, (merged,), retracted_total=total)

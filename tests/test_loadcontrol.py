@@ -1,0 +1,360 @@
+"""Issue 9: ``--concurrency auto`` against the simulated capacity engine, and its arithmetic."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+from conftest import SAMPLES, make_config, read_failures, read_records, sim_config
+from eagledata.capacity.controller import (
+    ControllerSettings,
+    Lane,
+    LaneSample,
+    LengthModel,
+    Ticket,
+    fallback_concurrency,
+)
+from eagledata.config import LoadSettings
+from eagledata.run import pipeline
+from eagledata.run.loadcontrol import LoadController, ServerPlan
+from eagledata.run.telemetry import ROTATED_FILE, TelemetryLog, latest_load, read_telemetry
+from eagledata.run.verify import verify_run
+from eagledata.server.client import SGLangClient
+from eagledata.simserver import SimServerThread
+
+DATASET = str(SAMPLES / "sharegpt.jsonl")  # 40 rows
+FAST_LOAD = {
+    "poll_interval_s": 0.02,
+    "telemetry_interval_s": 0.05,
+    "creep_every_s": 0.1,
+    "freeze_s": 0.3,
+}
+
+
+def engine(tokenizer_dir: str, **overrides: Any) -> Any:
+    """A small, fast SGLang capacity engine: a 2,500-token pool, 100x time."""
+    fields: dict[str, Any] = {
+        "engine": "sglang",
+        "max_total_num_tokens": 2500,
+        "time_scale": 0.01,
+        "steps_per_tick": 4,
+        "length_fraction": 0.0,
+        "output_len_mean": 300.0,
+        "output_len_spread": 0.3,
+    }
+    fields.update(overrides)
+    return sim_config(tokenizer_dir, **fields)
+
+
+def lane(**fields: Any) -> Lane:
+    settings = ControllerSettings(freeze_s=10, creep_every_s=1, backoff_gap_s=0.5)
+    return Lane(server="http://s", rank=None, settings=settings, pool_tokens=10_000, **fields)
+
+
+# --- the arithmetic -----------------------------------------------------------------------------
+
+
+def test_length_model_learns_a_high_percentile_per_prompt_bucket() -> None:
+    model = LengthModel(prior=4096, quantile=0.9, min_samples=10)
+    assert model.estimate(100) == 4096  # nothing learned: the pessimistic prior
+    for n in range(1, 21):
+        model.add(100, n * 10)  # short prompts, answers 10..200
+    assert model.estimate(100) == 180
+    assert model.estimate(5000) == 180  # an empty bucket borrows every bucket's percentile
+    for n in range(1, 21):
+        model.add(5000, 1000 + n)
+    assert model.estimate(5000) == 1018
+    assert model.estimate(100) == 180
+
+
+def test_the_gate_fills_the_pool_to_its_target_and_no_further() -> None:
+    gate = lane(usage_target=0.9)
+    lengths = list(range(80, 121))  # answers of 80-120 tokens
+    admitted = 0
+    while True:
+        ticket = Ticket(gate, 200, 320, 0.0, lengths)
+        if gate.room(ticket, 0.0) is None:
+            break
+        gate.tickets[ticket] = None
+        admitted += 1
+    # Each request will hold up to 320 tokens: ~9,000 / 320 = 28 fit, with a margin.
+    assert 20 <= admitted <= 28
+    assert gate.peak(0.0) <= 0.9 * 10_000
+
+
+def test_a_retraction_backs_off_and_freezes_then_calm_creeps_back() -> None:
+    gate = lane(usage_target=0.85)
+    gate.observe(LaneSample(time=0.0, retracted_total=0, token_usage=0.5), 0.0)
+    assert gate.observe(LaneSample(time=1.0, retracted_total=2, token_usage=0.9), 1.0)
+    assert gate.usage_target == pytest.approx(0.80)
+    # The same retraction seen again (the counter unchanged) is not news.
+    assert not gate.observe(LaneSample(time=1.2, retracted_total=2, token_usage=0.5), 1.2)
+    assert gate.usage_target == pytest.approx(0.80)
+    gate.observe(LaneSample(time=5.0, retracted_total=2, token_usage=0.5), 5.0)  # frozen
+    assert gate.usage_target == pytest.approx(0.80)
+    gate.observe(LaneSample(time=12.0, retracted_total=2, token_usage=0.5), 12.0)
+    assert gate.usage_target == pytest.approx(0.81)
+
+
+def test_a_retracted_request_waiting_in_the_queue_is_one_retraction() -> None:
+    gate = lane(usage_target=0.85)
+    assert gate.observe(LaneSample(time=0.0, retracted_waiting=1), 0.0)
+    assert not gate.observe(LaneSample(time=1.0, retracted_waiting=1), 1.0)
+    assert gate.usage_target == pytest.approx(0.80)
+
+
+def test_a_503_halves_the_queue_and_calm_gives_it_back() -> None:
+    gate = lane(queue_target=8, queue_cap=8)
+    gate.queue_full()
+    assert gate.queue_target == 4
+    gate.queue_full()
+    gate.queue_full()
+    gate.queue_full()
+    assert gate.queue_target == 1
+    gate.maybe_creep(2.0)
+    assert gate.queue_target == 2
+
+
+def test_fallback_is_the_planners_number() -> None:
+    # The planner: pool / (prompt + answer / 2 + 150) x 1.1.
+    assert fallback_concurrency(116_000, mean_prompt_tokens=300, mean_output_tokens=4500) == 48
+
+
+# --- signals from the simulated server ----------------------------------------------------------
+
+
+async def _read(url: str) -> Any:
+    async with SGLangClient([url], in_flight=1) as client:
+        return await client.read_load(url)
+
+
+@pytest.mark.parametrize(
+    ("fields", "source"),
+    [
+        ({}, "loads"),
+        ({"version": "0.5.7"}, "metrics"),  # before /v1/loads (0.5.8)
+        ({"version": "0.5.7", "enable_metrics": False}, "get_load"),
+        ({"hide_load_routes": True}, None),
+    ],
+)
+def test_the_best_load_signal_the_server_offers(
+    tokenizer_dir: str, fields: dict[str, Any], source: str | None
+) -> None:
+    with SimServerThread(engine(tokenizer_dir, **fields)) as sim:
+        load = asyncio.run(_read(sim.url))
+    if source is None:
+        assert load is None
+    else:
+        assert load is not None and load.source == source
+        assert load.ranks[0].running == 0
+
+
+def test_no_signal_at_all_falls_back_once_and_the_run_completes(
+    tokenizer_dir: str, tmp_path: Path
+) -> None:
+    with SimServerThread(engine(tokenizer_dir, hide_load_routes=True)) as sim:
+        notes: list[str] = []
+
+        async def run() -> LoadController:
+            async with SGLangClient([sim.url], in_flight=8) as client:
+                control = LoadController(
+                    client,
+                    LoadSettings(**FAST_LOAD),
+                    fixed=None,
+                    max_new_tokens=256,
+                    telemetry=None,
+                    note=notes.append,
+                )
+                control.add_server(ServerPlan(sim.url, None, None))
+                task = asyncio.create_task(control.run())
+                ticket = await asyncio.wait_for(control.acquire(100), 5)
+                control.release(ticket, completion_tokens=50)
+                await asyncio.sleep(0.1)
+                task.cancel()
+                return control
+
+        control = asyncio.run(run())
+        assert len(notes) == 1 and "the planner's number" in notes[0]
+        assert control.lanes[sim.url][0].fallback_limit == 64  # no pool known: a plain 64
+        summary = run_auto(sim, tmp_path / "run")
+    assert (summary.written, summary.failed) == (40, 0)
+
+
+# --- the whole run ------------------------------------------------------------------------------
+
+
+def run_auto(sim: SimServerThread, out: Path, **sections: dict[str, Any]) -> Any:
+    generation = {"max_new_tokens": 512, "temperature": 1.0}
+    config = make_config(
+        [sim.url],
+        out,
+        run={"concurrency": "auto", **sections.pop("run", {})},
+        load=FAST_LOAD,
+        generation=generation,
+        **sections,
+    )
+    return pipeline.generate(config, DATASET, out, progress=False)
+
+
+def test_auto_fills_the_pool_without_retraction_and_writes_everything_once(
+    tokenizer_dir: str, tmp_path: Path
+) -> None:
+    with SimServerThread(engine(tokenizer_dir)) as sim:
+        summary = run_auto(sim, tmp_path / "run")
+        stats = sim.stats()
+    assert (summary.planned, summary.written, summary.failed) == (40, 40, 0)
+    assert verify_run(tmp_path / "run").ok
+    assert sorted(r["id"] for r in read_records(tmp_path / "run")) == sorted(
+        {r["id"] for r in read_records(tmp_path / "run")}
+    )
+    assert stats["engine"][0]["retracted_total"] == 0
+    assert stats["outcomes"].get("queue_full", 0) == 0
+    entries = list(read_telemetry(tmp_path / "run"))
+    assert entries, "telemetry.jsonl was not written"
+    assert set(entries[-1]) >= {
+        "time", "server", "rank", "source", "token_usage", "num_running_reqs", "num_queue_reqs",
+        "gen_throughput", "num_retracted_reqs", "in_flight", "target",
+    }  # fmt: skip
+    assert entries[-1]["source"] == "loads"
+    # It filled the pool: at some point more than half of it held our requests.
+    assert max(e["token_usage"] or 0 for e in entries) > 0.5
+
+
+def test_fixed_concurrency_over_admits_and_the_server_retracts(
+    tokenizer_dir: str, tmp_path: Path
+) -> None:
+    """The same workload with 40 in flight: SGLang's decaying reservation lets the pool overflow
+    (what auto exists to prevent). Retracted requests keep their output: records still land."""
+    config = engine(tokenizer_dir, output_len_mean=400.0, clip_max_new_tokens_estimation=512)
+    with SimServerThread(config) as sim:
+        generation = {"max_new_tokens": 1024, "temperature": 1.0}
+        run_config = make_config(
+            [sim.url], tmp_path / "run", run={"concurrency": 40}, generation=generation
+        )
+        summary = pipeline.generate(run_config, DATASET, tmp_path / "run", progress=False)
+        stats = sim.stats()
+    assert summary.written == 40
+    assert stats["engine"][0]["retracted_total"] > 0
+    assert verify_run(tmp_path / "run").ok
+
+
+def test_a_503_never_spends_an_attempt(tokenizer_dir: str, tmp_path: Path) -> None:
+    """Half the requests answered 503 and one attempt per item: every item still lands."""
+    with SimServerThread(engine(tokenizer_dir, fail_503_rate=0.5)) as sim:
+        summary = run_auto(sim, tmp_path / "run", server={"max_attempts": 1})
+        stats = sim.stats()
+    assert stats["outcomes"]["fail_503"] > 5
+    assert (summary.written, summary.failed) == (40, 0)
+    assert read_failures(tmp_path / "run") == []
+
+
+def test_the_controller_backs_off_on_a_real_retraction_and_a_503(tokenizer_dir: str) -> None:
+    config = engine(tokenizer_dir, output_len_mean=400.0, clip_max_new_tokens_estimation=512)
+    with SimServerThread(config) as sim:
+
+        async def flood() -> None:
+            async with httpx.AsyncClient(timeout=60) as http:
+                body = {
+                    "input_ids": list(range(20, 120)),
+                    "sampling_params": {"max_new_tokens": 1024},
+                }
+                await asyncio.gather(
+                    *(
+                        http.post(sim.url + "/generate", json={**body, "rid": f"r{i}"})
+                        for i in range(40)
+                    )
+                )
+
+        async def watch() -> Lane:
+            async with SGLangClient([sim.url], in_flight=8) as client:
+                control = LoadController(
+                    client,
+                    LoadSettings(**FAST_LOAD),
+                    fixed=None,
+                    max_new_tokens=1024,
+                    telemetry=None,
+                    note=lambda _: None,
+                )
+                control.add_server(ServerPlan(sim.url, None, None))
+                task = asyncio.create_task(control.run())
+                await flood()
+                await asyncio.sleep(0.1)
+                task.cancel()
+                return control.lanes[sim.url][0]
+
+        gate = asyncio.run(watch())
+    assert gate.retractions >= 1
+    assert gate.usage_target < 0.85
+    gate.queue_full()
+    assert gate.queue_target < gate.queue_cap
+
+
+def test_a_server_that_shrinks_its_pool_is_followed(tokenizer_dir: str, tmp_path: Path) -> None:
+    with SimServerThread(engine(tokenizer_dir, max_total_num_tokens=12_000)) as sim:
+
+        async def watch() -> tuple[int | None, int | None]:
+            async with SGLangClient([sim.url], in_flight=8) as client:
+                control = LoadController(
+                    client,
+                    LoadSettings(**FAST_LOAD),
+                    fixed=None,
+                    max_new_tokens=256,
+                    telemetry=None,
+                    note=lambda _: None,
+                )
+                control.add_server(ServerPlan(sim.url, None, None))
+                task = asyncio.create_task(control.run())
+                await asyncio.sleep(0.1)
+                before = control.lanes[sim.url][0].pool_tokens
+                sim.control(max_total_num_tokens=5000)  # restarted with a smaller pool
+                await asyncio.sleep(0.1)
+                task.cancel()
+                return before, control.lanes[sim.url][0].pool_tokens
+
+        before, after = asyncio.run(watch())
+        assert (before, after) == (12_000, 5000)
+        summary = run_auto(sim, tmp_path / "run")
+        stats = sim.stats()
+    assert summary.written == 40
+    assert stats["engine"][0]["retracted_total"] == 0
+
+
+def test_work_goes_where_there_is_room(tokenizer_dir: str, tmp_path: Path) -> None:
+    """Two servers, one with three times the pool: it gets most of the work."""
+    with (
+        SimServerThread(engine(tokenizer_dir, max_total_num_tokens=6000)) as big,
+        SimServerThread(engine(tokenizer_dir, max_total_num_tokens=2000, seed=1)) as small,
+    ):
+        config = make_config(
+            [big.url, small.url],
+            tmp_path / "run",
+            run={"concurrency": "auto"},
+            load=FAST_LOAD,
+            generation={"max_new_tokens": 256, "temperature": 1.0},
+        )
+        summary = pipeline.generate(config, DATASET, tmp_path / "run", progress=False)
+    assert summary.written == 40
+    by_server: dict[str, int] = {}
+    for record in read_records(tmp_path / "run"):
+        by_server[record["server"]] = by_server.get(record["server"], 0) + 1
+    assert by_server.get(big.url, 0) > by_server.get(small.url, 0)
+
+
+def test_telemetry_is_bounded_and_status_shows_the_latest(tmp_path: Path) -> None:
+    log = TelemetryLog(tmp_path, max_bytes=4096)
+    for n in range(2000):
+        log.append({"time": n, "server": "http://a", "rank": None, "token_usage": n / 2000})
+    log.close()
+    total = (tmp_path / "telemetry.jsonl").stat().st_size
+    total += (tmp_path / ROTATED_FILE).stat().st_size
+    assert total <= 2 * 4096
+    latest = latest_load(tmp_path)
+    assert [entry["time"] for entry in latest] == [1999]
+    assert (
+        orjson.loads((tmp_path / "telemetry.jsonl").read_bytes().splitlines()[-1])["time"] == 1999
+    )
