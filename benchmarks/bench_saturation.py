@@ -225,7 +225,7 @@ def table(points: list[Point]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--warmup", type=float, default=8.0, help="wall seconds")
+    parser.add_argument("--warmup", type=float, default=20.0, help="wall seconds")
     parser.add_argument("--measure", type=float, default=20.0, help="wall seconds")
     parser.add_argument("--only", choices=("single", "two", "changing"), action="append")
     parser.add_argument("--fixed", type=int, nargs="*", default=[16, 64, 256, 1024])

@@ -64,6 +64,7 @@ def test_dry_run_command_of_the_tuned_tp8_profile() -> None:
         "--cuda-graph-max-bs", "96",
         "--chunked-prefill-size", "4096",
         "--enable-metrics",
+        "--max-queued-requests", "32",
         "--host", "127.0.0.1",
         "--port", "30000",
     ]  # fmt: skip
@@ -71,7 +72,7 @@ def test_dry_run_command_of_the_tuned_tp8_profile() -> None:
         "scripts/launch_sglang.sh --model-path moonshotai/Kimi-K2.5 --trust-remote-code "
         "--tp-size 8 --kv-cache-dtype bf16 --mem-fraction-static 0.9 --context-length 32768 "
         "--max-running-requests 88 --cuda-graph-max-bs 96 --chunked-prefill-size 4096 "
-        "--enable-metrics --host 127.0.0.1 --port 30000"
+        "--enable-metrics --max-queued-requests 32 --host 127.0.0.1 --port 30000"
     )
 
 

@@ -22,10 +22,10 @@ from eagledata.capacity.controller import (
 from eagledata.config import LoadSettings
 from eagledata.run import pipeline
 from eagledata.run.loadcontrol import LoadController, ServerPlan
-from eagledata.run.telemetry import ROTATED_FILE, TelemetryLog, latest_load, read_telemetry
-from eagledata.run.verify import verify_run
+from eagledata.run.telemetry import ROTATED_FILE, TelemetryLog, read_telemetry
+from eagledata.run.verify import latest_load, verify_run
 from eagledata.server.client import SGLangClient
-from eagledata.simserver import SimServerThread
+from eagledata.simserver import SimServerThread, expected_output
 
 DATASET = str(SAMPLES / "sharegpt.jsonl")  # 40 rows
 FAST_LOAD = {
@@ -354,7 +354,44 @@ def test_telemetry_is_bounded_and_status_shows_the_latest(tmp_path: Path) -> Non
     total += (tmp_path / ROTATED_FILE).stat().st_size
     assert total <= 2 * 4096
     latest = latest_load(tmp_path)
-    assert [entry["time"] for entry in latest] == [1999]
+    assert latest is not None and latest["http://a"]["time"] == 1999
+    assert [e["time"] for e in read_telemetry(tmp_path)][-1] == 1999
     assert (
         orjson.loads((tmp_path / "telemetry.jsonl").read_bytes().splitlines()[-1])["time"] == 1999
     )
+
+
+def test_the_engine_retracts_the_youngest_and_they_keep_their_output(tokenizer_dir: str) -> None:
+    """SGLang's retract_decode: the fewest generated tokens go first; a retracted request keeps
+    its output and is re-prefilled, so its answer is the same as without retraction."""
+    config = engine(
+        tokenizer_dir, max_total_num_tokens=1200, output_len_mean=300.0, output_len_spread=0.0,
+        clip_max_new_tokens_estimation=64, time_scale=0.02,
+    )  # fmt: skip
+
+    async def send_staggered(url: str) -> list[dict[str, Any]]:
+        async with httpx.AsyncClient(timeout=60) as http:
+
+            async def one(index: int) -> dict[str, Any]:
+                await asyncio.sleep(0.05 * index)
+                body = {
+                    "input_ids": list(range(20 + index, 120 + index)),
+                    "sampling_params": {"max_new_tokens": 512},
+                    "rid": f"r{index}",
+                }
+                response = await http.post(url + "/generate", json=body)
+                return dict(response.json())
+
+            return list(await asyncio.gather(*(one(i) for i in range(6))))
+
+    with SimServerThread(config) as sim:
+        answers = asyncio.run(send_staggered(sim.url))
+        retracted = sim.stats()["engine"][0]["retracted_total"]
+    counts = [answer["meta_info"]["total_retractions"] for answer in answers]
+    assert retracted > 0 and sum(counts) == retracted
+    assert counts[0] == 0  # the oldest request, with the most output, is never the one to go
+    assert max(counts[3:]) > 0
+    for index, answer in enumerate(answers):
+        ids = list(range(20 + index, 120 + index))
+        expected, _ = expected_output(ids, {"max_new_tokens": 512}, config)
+        assert answer["output_ids"] == expected

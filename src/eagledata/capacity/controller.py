@@ -11,15 +11,19 @@ re-prefills them later: compute thrown away. Too few requests and the pool idles
 
 The gate, per lane (one DP rank of one server, or a router's workers together):
 
-* Each request we have in flight is **projected** to hold ``P + min(max_new, L90)`` tokens at
-  its end, ``L90`` the learned 90th percentile of answer lengths in its prompt-length bucket
-  (``LengthModel``). It holds about ``P + g`` now, ``g`` = seconds since sent x the lane's
-  per-request decode rate (capped at its projection).
-* Every running request grows one token per decode step, so the KV the lane holds ``t`` steps
-  from now, if nothing else is admitted and each request ends exactly at its projection, is
-  ``sum over requests with remaining >= t of (held + t)``. Its **peak** over ``t`` (checked at
-  each request's end) plus the pool's load we do not account for must stay within
-  ``u* x pool``: a request is admitted only if that still holds with it.
+* **Answer lengths** are learned per prompt-length bucket (``LengthModel``); a request's
+  **projection** is ``P + min(max_new, L90)``, ``L90`` its bucket's 90th percentile (the prior,
+  ``max_new_tokens``, until 8 answers are in).
+* Each request in flight holds ``P + g`` tokens, ``g`` its generated tokens: seconds since sent x
+  the per-request decode rate the server reports, scaled so that our requests add up to the KV
+  the server last measured (``calibrate``). It grows one token per decode step until it ends; its
+  end is distributed like its bucket's learned answers, given that it has run ``g`` tokens (or,
+  before any are learned, it ends at its projection).
+* The controller **forecasts** the KV its requests will hold over the coming steps, per interval
+  between ``HORIZONS`` (each request bounded from above over the interval), as a mean and a
+  variance, and admits a request only if ``max over intervals (mean + margin_sd x sd)``, plus
+  the load the server reports that ours does not explain, stays within ``u* x pool``. The pool's
+  measured use plus what was sent since must stay within it too.
 * The server's queue is kept just deep enough to fill its next prefill batch:
   ``q* = max(2, ceil(chunked_prefill_size / mean prompt))``, halved on a 503.
 * AIMD on the target usage ``u*`` (start 0.85, in [0.60, 0.95]): any retraction takes 0.05 off
@@ -62,7 +66,7 @@ class ControllerSettings:
     reference run decoded ~10-12 tok/s per sequence)."""
     backoff_gap_s: float = 2.0
     """Signals of one retraction arrive through several channels: one backoff per gap."""
-    margin_sd: float = 1.5
+    margin_sd: float = 1.0
     """The forecast's safety margin, in standard deviations of the KV it forecasts."""
 
 
@@ -185,6 +189,7 @@ class Lane:
     tickets: dict[Ticket, None] = field(default_factory=dict)
     sample: LaneSample | None = None
     decode_rate: float = 10.0
+    age_scale: float = 1.0
     frozen_until: float = 0.0
     last_backoff: float = -math.inf
     last_creep: float = 0.0
@@ -199,8 +204,24 @@ class Lane:
     # --- the gate -----------------------------------------------------------------------------
 
     def age(self, ticket: Ticket, now: float) -> int:
-        """Tokens it has generated, estimated: seconds since sent x the per-request rate."""
-        return int(max(0.0, now - ticket.sent_at) * self.decode_rate)
+        """Tokens it has generated, estimated: seconds since sent x the per-request rate, scaled
+        so that our requests account for the KV the server last measured (``calibrate``)."""
+        return int(max(0.0, now - ticket.sent_at) * self.decode_rate * self.age_scale)
+
+    def calibrate(self, sample: LaneSample) -> None:
+        """Fit the age scale to the server's own count: the requests it runs hold their prompts
+        plus what they generated. The newest ``waiting`` requests are still queued (FCFS) and
+        hold nothing yet. Keeps the forecast right when the rate estimate is off (a loaded
+        client, a server that slows down)."""
+        if sample.used_tokens is None:
+            return
+        sent = sorted((t for t in self.tickets if t.sent_at <= sample.time), key=_sent_at)
+        running = sent[: max(0, len(sent) - (sample.waiting or 0))]
+        raw = sum(max(0.0, sample.time - t.sent_at) * self.decode_rate for t in running)
+        if not running or raw <= 0:
+            return
+        generated = sample.used_tokens - sum(t.prompt_tokens for t in running)
+        self.age_scale = min(4.0, max(0.25, generated / raw))
 
     def forecast(self, now: float) -> tuple[list[float], list[float]]:
         """Mean and variance of the KV our requests hold at each of ``HORIZONS`` tokens ahead."""
@@ -216,10 +237,7 @@ class Lane:
         sample = self.sample
         if sample is None or sample.used_tokens is None:
             return 0.0
-        ours = sum(
-            ticket.prompt_tokens + min(self.age(ticket, now), ticket.projected)
-            for ticket in self.tickets
-        )
+        ours = sum(ticket.prompt_tokens + self.age(ticket, now) for ticket in self.tickets)
         return max(0.0, sample.used_tokens - ours)
 
     def peak(self, now: float, extra: Ticket | None = None) -> float:
@@ -299,6 +317,7 @@ class Lane:
         if sample.running and sample.gen_throughput:
             rate = sample.gen_throughput / sample.running
             self.decode_rate = 0.7 * self.decode_rate + 0.3 * rate
+        self.calibrate(sample)
         usage = sample.token_usage
         if usage is None and sample.used_tokens is not None and self.pool_tokens:
             usage = sample.used_tokens / self.pool_tokens
@@ -399,6 +418,10 @@ def add_request(mean: list[float], var: list[float], prompt: int, age: int, tick
         held = prompt + age + following
         mean[index] += held * alive
         var[index] += held * held * alive * (1.0 - alive)
+
+
+def _sent_at(ticket: Ticket) -> float:
+    return ticket.sent_at
 
 
 def initial_queue_target(chunked_prefill_size: int, mean_prompt_tokens: float) -> int:

@@ -160,6 +160,8 @@ def render_plan_table(
             lines += _wrap(note, width, "  - ", "    ")
 
     lines.append("")
+    lines += textwrap.wrap(PLAN_AND_CONTROLLER, width)
+    lines.append("")
     lines.append(_verdict(ordered, headers))
     return "\n".join(lines)
 
@@ -168,6 +170,16 @@ def _wrap(text: str, width: int, first: str, rest: str) -> list[str]:
     return textwrap.wrap(
         text, width, initial_indent=first, subsequent_indent=rest, break_on_hyphens=False
     ) or [first.rstrip()]
+
+
+PLAN_AND_CONTROLLER = (
+    "These are estimates from an assumed answer length, to choose a profile before a run. "
+    "'eagledata generate' sizes its concurrency live (--concurrency auto, the default): it reads "
+    "the server's KV usage, queue and retractions and learns the real answer lengths. The "
+    "'eagledata --concurrency' row is its fallback for a server that reports no load "
+    "(docs/throughput.md)."
+)
+"""How the planner's estimate and the live controller relate, printed under every plan."""
 
 
 def _verdict(rows: Sequence[PlanRow], headers: Sequence[str]) -> str:

@@ -3,7 +3,7 @@
 One JSON line per lane (a server, or one DP rank of it) per sample, in the schema of
 ``docs/run-directory.md``. When the file passes ``max_bytes`` it becomes ``telemetry.1.jsonl``
 (replacing the previous one) and a new file starts: at most twice ``max_bytes`` on disk however
-long the run. Readers (``status``) take the last whole line per server.
+long the run. ``status`` reads the last whole line per server (``run/verify.py``).
 """
 
 from __future__ import annotations
@@ -67,11 +67,3 @@ def read_telemetry(run_dir: Path) -> Iterator[dict[str, Any]]:
                 continue
             if isinstance(entry, dict):
                 yield entry
-
-
-def latest_load(run_dir: Path) -> list[dict[str, Any]]:
-    """The last sample of each (server, rank): what ``status`` shows."""
-    latest: dict[tuple[str, Any], dict[str, Any]] = {}
-    for entry in read_telemetry(run_dir):
-        latest[(str(entry.get("server")), entry.get("rank"))] = entry
-    return sorted(latest.values(), key=lambda e: (str(e.get("server")), e.get("rank") or 0))

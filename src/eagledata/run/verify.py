@@ -182,6 +182,7 @@ class StatusReport:
         ]
         if self.speculative is not None:
             lines.append(f"spec:     {self.speculative}")
+        lines += [f"load:     {_load_line(entry)}" for entry in (self.load or {}).values()]
         return "\n".join(lines)
 
     def to_json(self) -> dict[str, Any]:
@@ -289,6 +290,25 @@ def latest_load(path: Path) -> dict[str, Any] | None:
         if isinstance(sample, dict) and isinstance(sample.get("server"), str):
             latest[sample["server"]] = sample
     return latest or None
+
+
+def _load_line(entry: dict[str, Any]) -> str:
+    """One server's latest sample: what its operator would read in the server log."""
+    server = str(entry.get("server"))
+    if entry.get("rank") is not None:
+        server += f" rank {entry['rank']}"
+    usage = entry.get("token_usage")
+    parts = [
+        "kv ?" if usage is None else f"kv {100 * usage:.0f}%",
+        f"running {entry.get('num_running_reqs', '?')}",
+        f"queued {entry.get('num_queue_reqs', '?')}",
+    ]
+    if entry.get("gen_throughput") is not None:
+        parts.append(f"{entry['gen_throughput']:,.0f} tok/s")
+    parts.append(f"in flight {entry.get('in_flight', '?')} (target {entry.get('target', '?')})")
+    parts.append(f"retractions seen {entry.get('num_retracted_reqs', 0)}")
+    age = time.time() - float(entry.get("time") or 0)
+    return f"{server}: " + ", ".join(parts) + f" ({_duration(max(0.0, age))} ago)"
 
 
 def _reasons(reasons: dict[str, int]) -> str:
