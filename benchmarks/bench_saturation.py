@@ -19,7 +19,7 @@ clock: output tok/s, mean KV usage (time-weighted), retractions, 503s. Then:
   sum of each server's best fixed setting alone;
 * a changing workload: answers grow from 2,000 to 4,000 tokens halfway through the window.
 
-    python benchmarks/bench_saturation.py            # every section, about 6 minutes on 2 cores
+    python benchmarks/bench_saturation.py            # every section, about 10 minutes on 2 cores
     python benchmarks/bench_saturation.py --only single --measure 20
 
 Prints markdown tables and writes ``benchmarks/results/saturation.json``.
