@@ -214,7 +214,7 @@ BAD_VALUES = [
         "generation.temperature: Input should be greater than or equal to 0",
     ),
     ("[generation]\ntop_k = 0", "generation.top_k: top_k must be -1 (all) or >= 1"),
-    ("[run]\nconcurrency = 0", "run.concurrency: Input should be greater than or equal to 1"),
+    ("[run]\nconcurrency = 0", "run.concurrency: must be 'auto' or an integer from 1 to 65536"),
     (
         '[run]\nshard_size = "big"',
         "run.shard_size: Input should be a valid integer, unable to parse string as an integer",

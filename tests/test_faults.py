@@ -147,12 +147,13 @@ def test_a_transient_fault_is_retried_until_the_item_lands(
     assert summary.planned == 60 == summary.written + summary.failed and summary.left == 0
 
 
-@pytest.mark.parametrize("knob", sorted(RETRIED))
+@pytest.mark.parametrize("knob", sorted(set(RETRIED) - {"fail_503_rate"}))
 def test_an_item_that_keeps_failing_stops_at_the_attempt_cap(
     sim: SimServerThread, prompt_tokenizer: Any, tmp_path: Path, knob: str
 ) -> None:
     """The server serves other requests meanwhile: the item is at fault, the failure file says
-    why after exactly ``max_attempts`` attempts."""
+    why after exactly ``max_attempts`` attempts. (Not a 503: the server's backpressure never
+    spends an attempt, ``test_loadcontrol.py``.)"""
     outcome, reason = RETRIED[knob]
     sim.control(**{knob: 0.7})
     out = tmp_path / "run"

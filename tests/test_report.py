@@ -80,9 +80,9 @@ def test_report_holds_every_section_and_the_numbers_of_status(sim_run: Path) -> 
         assert len(section.images) == 1, key
         assert section.images[0].startswith(PNG_SIGNATURE) and len(section.images[0]) > 5000
         assert section.caption and section.title and not section.missing
-    # No telemetry and no canary in this run: left out, with the reason, never drawn empty.
-    assert page.sections["load"].images == []
-    assert "no telemetry.jsonl" in page.sections["load"].missing
+    # Every run samples its servers' load (issue 9): the load section is drawn from it.
+    assert len(page.sections["load"].images) == 1 and not page.sections["load"].missing
+    # No canary in this run: left out, with the reason, never drawn empty.
     assert page.sections["canary"].images == []
     assert "no quality.jsonl" in page.sections["canary"].missing
 
@@ -164,6 +164,7 @@ def test_an_empty_run_gets_a_report_that_says_why_each_plot_is_missing(
     for folder in ("shards", "pending"):
         shutil.rmtree(run / folder, ignore_errors=True)
     (run / "failures.jsonl").write_bytes(b"")
+    (run / "telemetry.jsonl").unlink(missing_ok=True)
     page = page_of(run, tmp_path / "elsewhere" / "r.html")
     assert set(page.sections) == SECTIONS
     assert all(not s.images and s.missing for s in page.sections.values())

@@ -80,7 +80,7 @@ class ItemSender:
         endpoint = self.client.endpoint(exc.server) if exc.server else None
         if endpoint is not None and time.monotonic() - endpoint.last_ok > self.down_deadline_s:
             raise ServerUnavailableError(
-                f"{endpoint.url} has answered 503 to everything for {self.down_deadline_s:g}s "
+                f"{endpoint.url} has failed every request for {self.down_deadline_s:g}s "
                 f"(last: {exc}); the run is saved: fix the server and run 'eagledata resume "
                 "RUN_DIR'"
             )
