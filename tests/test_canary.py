@@ -375,3 +375,52 @@ def test_no_canary_is_frozen_in_run_json_and_shown_by_status(
         with pytest.raises(Exception, match="started with --no-canary; that choice is frozen"):
             pipeline.generate(canary_config(sim.url, out), DATASET, None, progress=False)
     assert not (out / "quality.jsonl").exists()
+
+
+def test_a_server_restarted_degraded_is_caught_by_the_reconnect_check(
+    tokenizer_dir: str, tmp_path: Path
+) -> None:
+    """The KV guard passes the restarted server (bf16 everywhere); the canary that runs after
+    every reconnect refuses it before anything it produced lands."""
+    first = SimServerThread(sim_config(tokenizer_dir, latency_s=0.05, **NOISY)).start()
+    port = first.port
+    out = tmp_path / "run"
+    config = canary_config(
+        first.url,
+        out,
+        generation={"samples_per_prompt": 4},
+        server={"guard_interval_s": 0.1, "guard_max_held": 1000},
+        run={"concurrency": 4},
+    )
+    outcome: list[BaseException | None] = []
+
+    def work() -> None:
+        try:
+            pipeline.generate(config, DATASET, None, progress=False)
+            outcome.append(None)
+        except BaseException as exc:  # handed to the test thread
+            outcome.append(exc)
+
+    worker = threading.Thread(target=work, daemon=True)
+    worker.start()
+    second = None
+    try:
+        deadline = time.monotonic() + 30
+        while len(read_records(out)) < 10 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        first.stop()
+        time.sleep(0.3)
+        second = SimServerThread(
+            sim_config(tokenizer_dir, latency_s=0.05, degraded=True, **NOISY), port=port
+        ).start()
+        worker.join(timeout=60)
+        produced = set(second.stats()["answers"]["degraded"])
+    finally:
+        first.stop()
+        if second is not None:
+            second.stop()
+    assert outcome and isinstance(outcome[0], CanaryDriftError), outcome
+    assert not produced & {r["rid"] for r in read_records(out)}
+    last = ledger(out)[-1]
+    assert last["verdict"] == "drift" and last["trigger"] in ("reconnect", "rerun")
+    assert "reconnect" in {entry["trigger"] for entry in ledger(out)}
