@@ -10,13 +10,15 @@ for the reference, gives one draw of the noise: the *null*.
 
 Statistics of a scoring against a reference:
 
-* ``mean_shift``: mean of (lp - lp_ref) over every scored token. Signed: a reference sampled from
-  the healthy model scores lower, on average, on any other model (E = -KL <= 0), while batch noise
-  averages out (its standard error shrinks with the token count).
+* ``mean_shift``: mean of (lp - lp_ref) over the scored tokens, 5% trimmed at each end. Signed: a
+  reference sampled from the healthy model scores lower, on average, on any other model
+  (E = -KL <= 0), while batch noise averages out (its standard error shrinks with the token
+  count); the trim keeps MoE routing flips (a few positions moved far) from setting the floor.
 * ``trimmed_abs``: mean of |lp - lp_ref| over all but the largest 10%: MoE routing flips move a
   few positions a lot; trimming keeps them from voting.
-* ``topk_kl``: mean over positions of sum_j p_ref,j (lp_ref,j - lp_now,j) over the reference's top-k
-  ids; an id missing from the current top-k gets the current k-th logprob (an upper bound).
+* ``topk_kl``: mean over positions (all but the largest 10%, as above) of
+  sum_j p_ref,j (lp_ref,j - lp_now,j) over the reference's top-k ids; an id missing from the
+  current top-k gets the current k-th logprob (an upper bound).
 * ``top1_flip``: share of positions whose most likely token changed.
 * ``greedy_divergence``: median over decode probes of where the greedy output first differs from
   the baseline's, as a fraction of its length (1.0: never).
@@ -81,7 +83,7 @@ def compare(now: Scoring, reference: Scoring, trim: float = 0.1) -> dict[str, fl
     absolute = np.sort(np.abs(delta))
     keep = max(1, round(len(absolute) * (1.0 - trim)))
     stats = {
-        "mean_shift": float(delta.mean()) if len(delta) else 0.0,
+        "mean_shift": _trimmed_signed_mean(delta, trim / 2),
         "trimmed_abs": float(absolute[:keep].mean()) if len(absolute) else 0.0,
         "topk_kl": 0.0,
         "top1_flip": 0.0,
@@ -96,8 +98,8 @@ def compare(now: Scoring, reference: Scoring, trim: float = 0.1) -> dict[str, fl
         found = match.any(axis=2)
         first = np.take_along_axis(now_lps, match.argmax(axis=2), axis=1)
         picked = np.where(found, first, now_lps[:, -1:])
-        kl = (np.exp(ref_lps) * (ref_lps - picked)).sum(axis=1)
-        stats["topk_kl"] = float(kl.mean())
+        kl = np.sort((np.exp(ref_lps) * (ref_lps - picked)).sum(axis=1))
+        stats["topk_kl"] = float(kl[: max(1, round(len(kl) * (1.0 - trim)))].mean())
         stats["top1_flip"] = float((ref_ids[:, 0] != now_ids[:, 0]).mean())
     if reference.greedy:
         divergences = [
@@ -105,6 +107,18 @@ def compare(now: Scoring, reference: Scoring, trim: float = 0.1) -> dict[str, fl
         ]
         stats["greedy_divergence"] = float(np.median(divergences)) if divergences else 1.0
     return stats
+
+
+def _trimmed_signed_mean(delta: np.ndarray, tail: float) -> float:
+    """Mean of ``delta`` without its ``tail`` share at each end: a routing flip moves a few
+    positions a lot either way and would otherwise set the noise floor; a systematic shift
+    moves them all and survives the trim."""
+    if not len(delta):
+        return 0.0
+    ordered = np.sort(delta)
+    cut = int(len(ordered) * tail)
+    kept = ordered[cut : len(ordered) - cut] if len(ordered) - 2 * cut > 0 else ordered
+    return float(kept.mean())
 
 
 def median_reference(runs: Sequence[Scoring]) -> Scoring:
