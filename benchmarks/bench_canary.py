@@ -65,7 +65,8 @@ async def main(args: argparse.Namespace) -> None:
             baseline_s = time.monotonic() - started
             limits = baseline.thresholds
             healthy = [await scorer.score(url, baseline.canary_set) for _ in range(args.checks)]
-            httpx.post(url + "/_sim/control", json={"degraded": True})
+            async with httpx.AsyncClient() as http:  # the silent degradation, switched on
+                await http.post(url + "/_sim/control", json={"degraded": True})
             degraded = [await scorer.score(url, baseline.canary_set) for _ in range(args.checks)]
     finally:
         process.terminate()
