@@ -199,11 +199,16 @@ def canary(
 
 
 @app.command()
-def verify(run_dir: Annotated[Path, typer.Argument(help="A run directory")]) -> None:
-    """Check every line, unique ids, token counts, and that counts reconcile with the plan."""
+def verify(
+    run_dir: Annotated[Path, typer.Argument(help="A run directory")],
+    full: Annotated[
+        bool, typer.Option("--full", help="Read every line of every shard, not their indexes")
+    ] = False,
+) -> None:
+    """Check unique ids, token counts, and that counts reconcile with the plan."""
     from eagledata.run.verify import verify_run
 
-    report = guarded(lambda: verify_run(run_dir))
+    report = guarded(lambda: verify_run(run_dir, full=full))
     for note in report.notes:
         typer.echo(f"note: {note}")
     for problem in report.problems:

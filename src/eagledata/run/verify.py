@@ -1,16 +1,40 @@
-"""``eagledata verify`` and ``eagledata status``: read-only reports over a run directory."""
+"""``eagledata verify`` and ``eagledata status``: reports over a run directory.
+
+Both read committed data only and never change a record; they may write back a shard index they
+had to rebuild (a cache, written atomically; ``shardindex``).
+"""
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-from eagledata.run.manifest import RunDir, RunTotals, record_files, scan_totals
+from eagledata.errors import StorageError
+from eagledata.run.idset import CompactIdSet
+from eagledata.run.manifest import (
+    RunDir,
+    RunTotals,
+    pending_journals,
+    scan_totals,
+    sealed_shards,
+    shard_indexes,
+)
 from eagledata.run.records import REQUIRED_RECORD_KEYS
+from eagledata.run.shardindex import (
+    FORGED,
+    IndexBuilder,
+    IndexRejected,
+    ShardIndex,
+    index_differences,
+    load_index,
+    write_index,
+)
 from eagledata.run.writer import iter_jsonl_lines
 
 MAX_LISTED = 50
@@ -62,55 +86,166 @@ def _check_record(record: object, where: str, report: VerifyReport) -> str | Non
     return item_id if isinstance(item_id, str) else None
 
 
-def verify_run(path: Path) -> VerifyReport:
+class _Claims:
+    """Each id once across shards, journal and failure file, at 16 B an id (``idset``).
+
+    A repeat is found in one pass; where its first copy was is found by a second pass over the
+    same sources, only when there are repeats (``locate``).
+    """
+
+    def __init__(self) -> None:
+        self.seen = CompactIdSet()
+        self.repeats: list[tuple[str, str]] = []  # (id, where the repeat is)
+
+    def claim(self, item_id: str, source: object, line_no: int) -> None:
+        if item_id in self.seen:
+            self.repeats.append((item_id, f"{source}:{line_no}"))
+        else:
+            self.seen.add(item_id)
+
+
+def _check_lines(
+    path: Path,
+    relative: Path,
+    report: VerifyReport,
+    claims: _Claims,
+    builder: IndexBuilder | None,
+) -> None:
+    """Read every line of a shard or journal: JSON, required keys, token counts, ids."""
+    data = path.read_bytes()
+    if data and not data.endswith(b"\n"):
+        torn = "a torn last line (repaired by 'eagledata resume')"
+        if path.parent.name == "pending":
+            report.notes.append(f"{relative}: {torn}")
+        else:
+            report.add(f"{relative}: sealed shard with {torn}")
+        if builder is not None:
+            builder.hasher.update(data[data.rfind(b"\n") + 1 :])
+        data = data[: data.rfind(b"\n") + 1]
+    for line_no, line in enumerate(data.splitlines(keepends=True), start=1):
+        where = f"{relative}:{line_no}"
+        try:
+            record = orjson.loads(line)
+        except orjson.JSONDecodeError as exc:
+            report.add(f"{where}: invalid JSON ({exc})")
+            if builder is not None:
+                builder.add_unparsable(line)
+            continue
+        if builder is not None:
+            builder.add(line, record)
+        report.records += 1
+        item_id = _check_record(record, where, report)
+        if item_id is not None:
+            claims.claim(item_id, relative, line_no)
+
+
+def _check_index(index: ShardIndex, relative: Path, report: VerifyReport, claims: _Claims) -> None:
+    """A trusted index stands for its shard: its counts, its finish reasons, its ids."""
+    report.records += index.records
+    if index.invalid_lines:
+        report.add(f"{relative}: {index.invalid_lines} line(s) that are not records")
+    for reason in sorted(set(index.finish_reasons) - {"stop", "length"}):
+        report.add(f"{relative}: finish_reason {reason!r} is not stop or length")
+    for line_no, item_id in enumerate(index.ids, start=1):
+        claims.claim(item_id, relative, line_no)
+
+
+def _first_copies(
+    path: Path, claims: _Claims, failures_where: Callable[[], Iterator[tuple[str, str]]]
+) -> dict[str, str]:
+    """Where each repeated id was first seen: a second pass, over ids only."""
+    wanted = {item_id for item_id, _ in claims.repeats}
+    first: dict[str, str] = {}
+
+    def note(item_id: str, where: str) -> None:
+        if item_id in wanted and item_id not in first:
+            first[item_id] = where
+
+    for read in shard_indexes(path, persist=False):
+        relative = read.shard.relative_to(path)
+        for line_no, item_id in enumerate(read.index.ids, start=1):
+            note(item_id, f"{relative}:{line_no}")
+    for journal in pending_journals(path):
+        relative = journal.relative_to(path)
+        for line_no, line in enumerate(iter_jsonl_lines(journal), start=1):
+            with contextlib.suppress(orjson.JSONDecodeError, AttributeError, TypeError):
+                note(orjson.loads(line).get("id"), f"{relative}:{line_no}")
+    for item_id, where in failures_where():
+        note(item_id, where)
+    return first
+
+
+def verify_run(path: Path, *, full: bool = False) -> VerifyReport:
+    """Check a run directory. Sealed shards are checked through their trusted index; a shard
+    whose index cannot be trusted, the open journal, and with ``full`` every shard, line by line
+    (``full`` also compares each index with its shard and rewrites one that disagrees).
+    """
     run_dir = RunDir(path)
     run_dir.read()  # refuses a non-run directory or another schema with its own message
     report = VerifyReport()
-    seen: dict[str, str] = {}
-
-    def claim(item_id: str, where: str) -> None:
-        if item_id in seen:
-            report.add(f"{where}: id {item_id!r} already at {seen[item_id]}")
-        else:
-            seen[item_id] = where
-
-    for shard in record_files(path):
+    claims = _Claims()
+    rebuilt: dict[str, list[str]] = {}
+    for shard in sealed_shards(path):
         relative = shard.relative_to(path)
-        data = shard.read_bytes()
-        if data and not data.endswith(b"\n"):
-            torn = "a torn last line (repaired by 'eagledata resume')"
-            if shard.parent.name == "pending":
-                report.notes.append(f"{relative}: {torn}")
-            else:
-                report.add(f"{relative}: sealed shard with {torn}")
-            data = data[: data.rfind(b"\n") + 1]
-        for line_no, line in enumerate(data.splitlines(), start=1):
-            where = f"{relative}:{line_no}"
-            try:
-                record = orjson.loads(line)
-            except orjson.JSONDecodeError as exc:
-                report.add(f"{where}: invalid JSON ({exc})")
+        trusted: ShardIndex | None = None
+        try:
+            trusted = load_index(shard)
+        except IndexRejected as rejected:
+            rebuilt.setdefault(rejected.kind, []).append(shard.name)
+        if trusted is not None and not full:
+            _check_index(trusted, relative, report, claims)
+            continue
+        try:
+            before = shard.stat()
+            builder = IndexBuilder(shard.name)
+            _check_lines(shard, relative, report, claims, builder)
+        except FileNotFoundError:
+            continue
+        fresh = builder.finish(before.st_size, before.st_mtime_ns)
+        if trusted is not None:
+            differences = index_differences(trusted, fresh)
+            if not differences:
                 continue
-            report.records += 1
-            item_id = _check_record(record, where, report)
-            if item_id is not None:
-                claim(item_id, where)
+            rebuilt.setdefault(f"{FORGED} (differs in {', '.join(differences)})", []).append(
+                shard.name
+            )
+        with contextlib.suppress(StorageError):
+            write_index(shard, fresh)
+    for kind, names in sorted(rebuilt.items()):
+        listed = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+        report.notes.append(f"rebuilt {len(names)} shard index(es), {kind}: {listed}")
+    for journal in pending_journals(path):
+        _check_lines(journal, journal.relative_to(path), report, claims, None)
     failures = path / "failures.jsonl"
-    if failures.is_file():
-        for line_no, line in enumerate(failures.read_bytes().splitlines(), start=1):
-            where = f"failures.jsonl:{line_no}"
-            try:
-                entry = orjson.loads(line)
-            except orjson.JSONDecodeError:
-                report.add(f"{where}: invalid JSON")
-                continue
-            report.failures += 1
-            if not isinstance(entry, dict) or not isinstance(entry.get("id"), str):
-                report.add(f"{where}: failure entry without an id")
-                continue
-            if not entry.get("reason"):
-                report.add(f"{where}: failure entry without a reason")
-            claim(entry["id"], where)
+
+    def failure_lines() -> Iterator[tuple[int, bytes]]:
+        if failures.is_file():
+            yield from enumerate(failures.read_bytes().splitlines(), start=1)
+
+    for line_no, line in failure_lines():
+        where = f"failures.jsonl:{line_no}"
+        try:
+            entry = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            report.add(f"{where}: invalid JSON")
+            continue
+        report.failures += 1
+        if not isinstance(entry, dict) or not isinstance(entry.get("id"), str):
+            report.add(f"{where}: failure entry without an id")
+            continue
+        if not entry.get("reason"):
+            report.add(f"{where}: failure entry without a reason")
+        claims.claim(entry["id"], "failures.jsonl", line_no)
+    if claims.repeats:
+
+        def failure_ids() -> Iterator[tuple[str, str]]:
+            for line_no, line in failure_lines():
+                with contextlib.suppress(orjson.JSONDecodeError, AttributeError, TypeError):
+                    yield orjson.loads(line).get("id"), f"failures.jsonl:{line_no}"
+
+        first = _first_copies(path, claims, failure_ids)
+        for item_id, where in claims.repeats[:MAX_LISTED]:
+            report.add(f"{where}: id {item_id!r} already at {first.get(item_id, '?')}")
     planned = run_dir.planned()
     plan_complete = (path / "plan.json").is_file()
     accounted = report.records + report.failures

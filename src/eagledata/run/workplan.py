@@ -10,12 +10,13 @@ The plan is a plain, blocking iterator: the pipeline pulls it in batches from a 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Container, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from eagledata.errors import ItemError
 from eagledata.run.dataset import ResolvedDataset, iter_rows
+from eagledata.run.idset import CompactIdSet
 from eagledata.run.prompts import Message, to_messages
 from eagledata.run.records import failure_entry, record_id
 from eagledata.run.tokenization import LengthLimit, PromptTokenizer, check_length
@@ -53,7 +54,7 @@ class WorkPlan(Iterator[WorkItem | Outcome]):
         row_limit: int | None,
         tokenizer: PromptTokenizer,
         limit: LengthLimit,
-        done: set[str],
+        done: Container[str],
     ) -> None:
         self.dataset = dataset
         self.samples_per_prompt = samples_per_prompt
@@ -71,7 +72,8 @@ class WorkPlan(Iterator[WorkItem | Outcome]):
     def _plan(self) -> Iterator[WorkItem | Outcome]:
         name = self.dataset.name
         samples = self.samples_per_prompt
-        seen_rows: set[str] = set()
+        # every row id read so far, to find repeats: 16 B a row, not a set of strings (``idset``)
+        seen_rows = CompactIdSet()
         for row in iter_rows(self.dataset.settings, self.row_limit):
             row_id = row.row_id
             duplicate = row_id in seen_rows

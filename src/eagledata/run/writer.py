@@ -11,6 +11,8 @@ Commit protocol (invariant 3):
 * When the journal holds ``shard_size`` records it is fsynced and renamed to ``shards/``: a file
   under ``shards/`` is complete or absent, never half-written, so
   ``load_dataset("json", data_files="RUN_DIR/shards/*.jsonl")`` only ever sees whole shards.
+* Right after a shard is sealed its index (``shardindex``) is written next to it, built while the
+  shard was written; a shard sealed by ``seal_pending`` gets one built from its lines.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from typing import Any
 import orjson
 
 from eagledata.errors import StorageError
+from eagledata.run.shardindex import IndexBuilder, build_index, write_index
 
 SHARD_PATTERN = re.compile(r"^shard-(\d{6})\.jsonl$")
 
@@ -153,6 +156,7 @@ class ShardWriter:
         except OSError as exc:
             raise storage_error("create", self.shards_dir, exc) from None
         self._journal: Journal | None = None
+        self._index: IndexBuilder | None = None
         self._next_seq = self._scan_next_seq()
 
     def _scan_next_seq(self) -> int:
@@ -182,6 +186,7 @@ class ShardWriter:
                 fsync_dir(self.shards_dir)
             except OSError as exc:
                 raise storage_error("seal", path, exc) from None
+            write_index(self.shards_dir / name, build_index(self.shards_dir / name))
             sealed += 1
         return sealed
 
@@ -190,12 +195,17 @@ class ShardWriter:
             path = self.pending_dir / f"shard-{self._next_seq:06d}.jsonl"
             self._next_seq += 1
             self._journal = Journal(path, self.fsync_interval_s)
-        self._journal.append(orjson.dumps(record))
+            self._index = IndexBuilder(path.name)
+        line = orjson.dumps(record)
+        self._journal.append(line)
+        if self._index is not None:
+            self._index.add(line + b"\n", record)
         if self._journal.lines >= self.shard_size:
             self._seal_current()
 
     def _seal_current(self) -> None:
         journal, self._journal = self._journal, None
+        index, self._index = self._index, None
         if journal is None:
             return
         journal.close()
@@ -206,8 +216,14 @@ class ShardWriter:
         try:
             os.replace(journal.path, target)
             fsync_dir(self.shards_dir)
+            stat = target.stat()
         except OSError as exc:
             raise storage_error("seal", journal.path, exc) from None
+        if index is None or journal.size != stat.st_size:
+            # not the bytes this writer accounted for (an append cut short): read the file
+            write_index(target, build_index(target))
+        else:
+            write_index(target, index.finish(stat.st_size, stat.st_mtime_ns))
 
     def sync(self) -> None:
         if self._journal is not None:

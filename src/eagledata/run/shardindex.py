@@ -1,0 +1,350 @@
+"""Shard indexes: a small sidecar per sealed shard, so reading a run's state never parses records.
+
+``shards/shard-NNNNNN.jsonl`` gets ``shards/shard-NNNNNN.idx.json`` (never matched by
+``shards/*.jsonl``, which consumers glob). It holds the shard's record ids, counts, token totals,
+finish reasons, flag counts, per-record answer lengths and completion times, the shard's size,
+mtime and checksum, and a digest of the index itself.
+
+An index is a cache, never the truth: it is trusted only when it is whole (parses, right version),
+unaltered (its digest matches its body, its counts agree with each other), about its own shard (the
+name matches) and current (the shard's size and mtime are those it recorded). Otherwise it is
+missing, torn, forged or stale, and is rebuilt from the shard's lines, and written again when the
+caller may (``persist``). A run written before indexes existed has none: every index is rebuilt
+once, then read. ``verify --full`` also recomputes each shard's checksum and compares the index
+with the lines (``index_differences``): that catches an index forged with a fresh digest, or a
+shard rewritten in place with its mtime put back.
+
+The writer builds the index while it writes the shard (``IndexBuilder``, the same code that
+rebuilds one from a file), and writes it right after the shard is renamed into ``shards/``: a crash
+between the two leaves a shard without an index, which is rebuilt.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from eagledata.errors import StorageError
+
+INDEX_VERSION = 1
+INDEX_SUFFIX = ".idx.json"
+
+# Why an index was not trusted (``IndexRead.rebuilt``).
+MISSING = "missing"
+TORN = "torn"  # unreadable, truncated, not an index of this version
+FORGED = "forged"  # its digest, its own counts, or its shard name disagree with its body
+STALE = "stale"  # the shard's size or mtime changed after the index was written
+
+
+def index_path(shard: Path) -> Path:
+    """``shards/shard-000001.jsonl`` -> ``shards/shard-000001.idx.json``."""
+    return shard.with_name(shard.name.removesuffix(".jsonl") + INDEX_SUFFIX)
+
+
+@dataclass(frozen=True)
+class ShardIndex:
+    """What a run's readers need from one sealed shard, without its records' token ids."""
+
+    shard: str
+    size: int
+    mtime_ns: int
+    checksum: str
+    ids: list[str]
+    prompt_tokens: int
+    completion_tokens: int
+    finish_reasons: dict[str, int]
+    flags: dict[str, int]
+    completion_lengths: list[int]  # per record, in file order (answer-length percentiles)
+    created_at: list[float]  # per record, in file order (the recent rate)
+    # per record, in file order: SGLang's speculative verify count, 0 where the record has none
+    spec_verify_ct: list[int]
+    flagged: int = 0  # records carrying at least one flag
+    invalid_lines: int = 0  # lines that are not a JSON object with an id: verify reports them
+
+    @property
+    def records(self) -> int:
+        return len(self.ids)
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "version": INDEX_VERSION,
+            "shard": self.shard,
+            "size": self.size,
+            "mtime_ns": self.mtime_ns,
+            "checksum": self.checksum,
+            "records": self.records,
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "finish_reasons": self.finish_reasons,
+            "flags": self.flags,
+            "flagged": self.flagged,
+            "invalid_lines": self.invalid_lines,
+            "ids": self.ids,
+            "completion_lengths": self.completion_lengths,
+            "created_at": self.created_at,
+            "spec_verify_ct": self.spec_verify_ct,
+        }
+
+    def to_bytes(self) -> bytes:
+        body = self.body()
+        return orjson.dumps({**body, "digest": _digest(body)}, option=orjson.OPT_SORT_KEYS)
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> ShardIndex:
+        """Parse and check an index on its own. Raises ``IndexRejected`` (TORN or FORGED)."""
+        try:
+            raw = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            raise IndexRejected(TORN, "not valid JSON") from None
+        if not isinstance(raw, dict) or raw.get("version") != INDEX_VERSION:
+            raise IndexRejected(TORN, f"not a version {INDEX_VERSION} index")
+        digest = raw.pop("digest", None)
+        if digest != _digest(raw):
+            raise IndexRejected(FORGED, "its digest does not match its content")
+        try:
+            index = cls(
+                shard=str(raw["shard"]),
+                size=int(raw["size"]),
+                mtime_ns=int(raw["mtime_ns"]),
+                checksum=str(raw["checksum"]),
+                ids=list(raw["ids"]),
+                prompt_tokens=int(raw["prompt_tokens"]),
+                completion_tokens=int(raw["completion_tokens"]),
+                finish_reasons=dict(raw["finish_reasons"]),
+                flags=dict(raw["flags"]),
+                completion_lengths=list(raw["completion_lengths"]),
+                created_at=list(raw["created_at"]),
+                spec_verify_ct=list(raw["spec_verify_ct"]),
+                flagged=int(raw["flagged"]),
+                invalid_lines=int(raw["invalid_lines"]),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise IndexRejected(FORGED, f"a field is missing or mistyped ({exc})") from None
+        index.check_consistent(int(raw["records"]))
+        return index
+
+    def check_consistent(self, records: int) -> None:
+        """Counts that must agree with each other: an edited index rarely keeps them all."""
+        lengths_ok = (
+            len(self.completion_lengths)
+            == len(self.created_at)
+            == len(self.spec_verify_ct)
+            == records
+        )
+        if not (
+            len(self.ids) == records
+            and lengths_ok
+            and sum(self.finish_reasons.values()) == records
+            and self.flagged <= records
+            and sum(self.completion_lengths) == self.completion_tokens
+            and all(isinstance(item_id, str) for item_id in self.ids)
+        ):
+            raise IndexRejected(FORGED, "its counts disagree with each other")
+
+
+class IndexRejected(Exception):
+    """An index that must not be trusted; ``kind`` is TORN, FORGED or STALE."""
+
+    def __init__(self, kind: str, detail: str) -> None:
+        super().__init__(f"{kind}: {detail}")
+        self.kind = kind
+        self.detail = detail
+
+
+def _digest(body: dict[str, Any]) -> str:
+    blob = orjson.dumps(body, option=orjson.OPT_SORT_KEYS)
+    return hashlib.blake2b(blob, digest_size=16).hexdigest()
+
+
+def new_checksum() -> Any:
+    return hashlib.blake2b(digest_size=16)
+
+
+def checksum_label(hasher: Any) -> str:
+    return f"blake2b-128:{hasher.hexdigest()}"
+
+
+@dataclass
+class IndexBuilder:
+    """Accumulates a shard's index line by line: while writing it, or while rebuilding it."""
+
+    shard: str
+    ids: list[str] = field(default_factory=list)
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    finish_reasons: dict[str, int] = field(default_factory=dict)
+    flags: dict[str, int] = field(default_factory=dict)
+    completion_lengths: list[int] = field(default_factory=list)
+    created_at: list[float] = field(default_factory=list)
+    spec_verify_ct: list[int] = field(default_factory=list)
+    flagged: int = 0
+    invalid_lines: int = 0
+    hasher: Any = field(default_factory=new_checksum)
+
+    def add(self, line: bytes, record: object) -> None:
+        """``line`` as written (newline included); ``record`` its parsed object."""
+        self.hasher.update(line)
+        if not isinstance(record, dict) or not isinstance(record.get("id"), str):
+            self.invalid_lines += 1
+            return
+        completion = _int(record.get("completion_tokens"))
+        self.ids.append(record["id"])
+        self.prompt_tokens += _int(record.get("prompt_tokens"))
+        self.completion_tokens += completion
+        self.completion_lengths.append(completion)
+        finish = str(record.get("finish_reason", "?"))
+        self.finish_reasons[finish] = self.finish_reasons.get(finish, 0) + 1
+        flags = record.get("flags") or ()  # records before the quality work have none
+        if flags:
+            self.flagged += 1
+        for flag in flags:
+            self.flags[str(flag)] = self.flags.get(str(flag), 0) + 1
+        verify_ct = record.get("spec_verify_ct")
+        self.spec_verify_ct.append(verify_ct if type(verify_ct) is int and verify_ct > 0 else 0)
+        created = record.get("created_at")
+        if isinstance(created, bool) or not isinstance(created, int | float):
+            created = 0.0
+        self.created_at.append(round(float(created), 3))
+
+    def add_unparsable(self, line: bytes) -> None:
+        self.hasher.update(line)
+        self.invalid_lines += 1
+
+    def finish(self, size: int, mtime_ns: int) -> ShardIndex:
+        return ShardIndex(
+            shard=self.shard,
+            size=size,
+            mtime_ns=mtime_ns,
+            checksum=checksum_label(self.hasher),
+            ids=self.ids,
+            prompt_tokens=self.prompt_tokens,
+            completion_tokens=self.completion_tokens,
+            finish_reasons=self.finish_reasons,
+            flags=self.flags,
+            completion_lengths=self.completion_lengths,
+            created_at=self.created_at,
+            spec_verify_ct=self.spec_verify_ct,
+            flagged=self.flagged,
+            invalid_lines=self.invalid_lines,
+        )
+
+
+def _int(value: object) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def build_index(shard: Path) -> ShardIndex:
+    """Read every line of ``shard`` into a fresh index (a torn last line is not a record)."""
+    builder = IndexBuilder(shard.name)
+    with shard.open("rb") as handle:
+        before = os.fstat(handle.fileno())
+        for line in handle:
+            if not line.endswith(b"\n"):
+                builder.hasher.update(line)  # in the checksum, not a record
+                continue
+            try:
+                builder.add(line, orjson.loads(line))
+            except orjson.JSONDecodeError:
+                builder.add_unparsable(line)
+    return builder.finish(before.st_size, before.st_mtime_ns)
+
+
+def write_index(shard: Path, index: ShardIndex) -> None:
+    """Write ``index`` next to ``shard`` atomically (a unique temporary name, fsync, rename)."""
+    path = index_path(shard)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with tmp.open("wb") as handle:
+            handle.write(index.to_bytes())
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+        folder = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(folder)
+        finally:
+            os.close(folder)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        hint = exc.strerror or str(exc)
+        raise StorageError(f"cannot write {path}: {hint} (the shard is intact)") from None
+
+
+def load_index(shard: Path) -> ShardIndex:
+    """The index of ``shard`` if it can be trusted; ``IndexRejected`` says why not."""
+    try:
+        data = index_path(shard).read_bytes()
+        stat = shard.stat()
+    except FileNotFoundError:
+        raise IndexRejected(MISSING, "no index") from None
+    index = ShardIndex.from_bytes(data)
+    if index.shard != shard.name:
+        raise IndexRejected(FORGED, f"it is the index of {index.shard}")
+    if index.size != stat.st_size or index.mtime_ns != stat.st_mtime_ns:
+        raise IndexRejected(STALE, "the shard changed after its index was written")
+    return index
+
+
+@dataclass(frozen=True)
+class IndexRead:
+    shard: Path
+    index: ShardIndex
+    rebuilt: str | None = None  # None: trusted as found; else why it was rebuilt
+    persisted: bool = False  # the rebuilt index was written back
+
+
+def read_index(shard: Path, *, persist: bool) -> IndexRead:
+    """The trusted index of ``shard``, rebuilt from its lines when it cannot be trusted.
+
+    With ``persist`` a rebuilt index is written back, best effort. The rebuilt content is a
+    function of the shard alone, so two processes repairing the same index write the same bytes.
+    """
+    try:
+        return IndexRead(shard, load_index(shard))
+    except IndexRejected as rejected:
+        reason = rejected.kind
+    index = build_index(shard)
+    persisted = False
+    if persist:
+        # a read-only or full run directory still reads, only slower
+        with contextlib.suppress(StorageError):
+            write_index(shard, index)
+            persisted = True
+    return IndexRead(shard, index, rebuilt=reason, persisted=persisted)
+
+
+def iter_indexes(shards: Iterable[Path], *, persist: bool) -> Iterator[IndexRead]:
+    """The trusted index of each sealed shard, in the order given."""
+    for shard in shards:
+        try:
+            yield read_index(shard, persist=persist)
+        except FileNotFoundError:
+            continue  # a shard removed while we listed (it is not ours to judge here)
+
+
+INDEXED_FIELDS = (
+    "checksum",
+    "size",
+    "ids",
+    "prompt_tokens",
+    "completion_tokens",
+    "finish_reasons",
+    "flags",
+    "completion_lengths",
+    "created_at",
+    "spec_verify_ct",
+    "flagged",
+    "invalid_lines",
+)
+
+
+def index_differences(index: ShardIndex, fresh: ShardIndex) -> list[str]:
+    """The fields where ``index`` disagrees with ``fresh``, an index just built from the shard."""
+    return [name for name in INDEXED_FIELDS if getattr(index, name) != getattr(fresh, name)]
