@@ -45,7 +45,7 @@ ConfigOpt = Annotated[
     typer.Option(
         "--config",
         "-c",
-        help="TOML config (default: $EAGLEDATA_CONFIG or ./configs/eagledata.toml)",
+        help="TOML config (default: $EAGLEDATA_CONFIG, ./configs/eagledata.toml, else shipped)",
         dir_okay=False,
     ),
 ]
@@ -276,7 +276,8 @@ def check_server(
 
 
 ProfilesDirOpt = Annotated[
-    Path | None, typer.Option(help="Profiles folder (default: ./configs/profiles)")
+    Path | None,
+    typer.Option(help="Profiles folder (default: ./configs/profiles, else the shipped profiles)"),
 ]
 
 
@@ -289,17 +290,24 @@ def launch_server(
     profile: Annotated[str | None, typer.Option(help="Profile name or TOML path")] = None,
     dry_run: Annotated[bool, typer.Option(help="Print the exact command, start nothing")] = False,
     profiles_dir: ProfilesDirOpt = None,
-    script: Annotated[Path, typer.Option(help="The launch script")] = Path(
-        "scripts/launch_sglang.sh"
-    ),
+    script: Annotated[
+        Path | None,
+        typer.Option(help="The launch script (default: ./scripts/launch_sglang.sh, else shipped)"),
+    ] = None,
     deadline: Annotated[float, typer.Option(help="Seconds to wait for /health")] = 1800.0,
 ) -> None:
     """Start SGLang from a profile (bf16 KV enforced); extra args after -- pass through."""
-    from eagledata.server.launch import build_launch_command, format_command, launch_and_wait
+    from eagledata.server.launch import (
+        build_launch_command,
+        default_script,
+        format_command,
+        launch_and_wait,
+    )
     from eagledata.server.profiles import DEFAULT_PROFILE, load_profile
     from eagledata.server.serverfacts import format_facts
 
     extra = list(ctx.args)
+    script = script or default_script()
     chosen = guarded(lambda: load_profile(profile or DEFAULT_PROFILE, profiles_dir))
     if dry_run:
         command = guarded(lambda: build_launch_command(chosen, extra, script=str(script)))

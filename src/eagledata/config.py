@@ -14,7 +14,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+)
 
 from eagledata.errors import ConfigError
 
@@ -188,6 +195,12 @@ class AppConfig(Strict):
     load: LoadSettings = Field(default_factory=LoadSettings)
     datasets: dict[str, DatasetSettings] = Field(default_factory=dict)
     canary: CanarySettings = Field(default_factory=CanarySettings)
+    # the file it was read from, for errors that name a setting (not part of the settings)
+    _source: str | None = PrivateAttr(default=None)
+
+    @property
+    def source(self) -> str | None:
+        return self._source
 
 
 class FrozenSettings(Strict):
@@ -234,10 +247,14 @@ def resolve_bundled(value: str) -> str:
 
 
 def default_config_path() -> Path | None:
+    """``$EAGLEDATA_CONFIG``, else ``./configs/eagledata.toml``, else the reference config shipped
+    in the package: the same settings from any directory, a local ``configs/`` still first."""
     env = os.environ.get(DEFAULT_CONFIG_ENV)
     if env:
         return Path(env)
-    return DEFAULT_CONFIG_PATH if DEFAULT_CONFIG_PATH.is_file() else None
+    if DEFAULT_CONFIG_PATH.is_file():
+        return DEFAULT_CONFIG_PATH
+    return shipped_path(DEFAULT_CONFIG_PATH.as_posix())
 
 
 def load_config(path: Path | None, overrides: dict[str, Any] | None = None) -> AppConfig:
@@ -267,8 +284,31 @@ def load_config(path: Path | None, overrides: dict[str, Any] | None = None) -> A
     if "tokenizer" not in raw:
         raise ConfigError("tokenizer.name: missing; set it in the config or pass --tokenizer")
     try:
-        return AppConfig.model_validate(raw)
+        config = AppConfig.model_validate(raw)
     except ValidationError as exc:
         flags = frozenset(key for key, value in (overrides or {}).items() if value is not None)
         source = f"{path}: " if path is not None else ""
         raise ConfigError(format_validation_error(exc, source, flags)) from None
+    config._source = str(path) if path is not None else None
+    return config
+
+
+# --- files shipped with the package (setup.py copies them from the checkout at build time) ----
+
+SHIPPED_DIR = "_shipped"
+_CHECKOUT = Path(__file__).resolve().parents[2]  # src/eagledata/config.py -> the checkout
+
+
+def shipped_path(relative: str) -> Path | None:
+    """A file of the checkout's ``configs/`` or ``scripts/``, wherever eagledata is installed.
+
+    A wheel carries them in ``eagledata/_shipped/`` (``setup.py``); a checkout, or an editable
+    install of one, has them at its top level. None when neither has ``relative``.
+    """
+    packaged = resources.files("eagledata").joinpath(SHIPPED_DIR, *relative.split("/"))
+    if packaged.is_file() or packaged.is_dir():
+        return Path(str(packaged))
+    in_checkout = _CHECKOUT / relative
+    if (_CHECKOUT / "pyproject.toml").is_file() and in_checkout.exists():
+        return in_checkout
+    return None

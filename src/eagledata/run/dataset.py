@@ -70,6 +70,23 @@ def resolve_dataset(name_or_path: str, table: dict[str, DatasetSettings]) -> Res
     )
 
 
+def check_local_source(dataset: ResolvedDataset, config_source: str | None = None) -> None:
+    """Fail fast: a local data file that is not there is reported before anything is loaded.
+
+    Without this, ``--dataset b2`` with no ``data/b2.jsonl`` failed only after the tokenizer was
+    fetched (minutes, or a hub error that says nothing about the missing file).
+    """
+    source = Path(resolve_bundled(dataset.settings.source)).expanduser()
+    if source.suffix not in LOCAL_BUILDERS or source.is_file():
+        return
+    where = "" if source.is_absolute() else f" (relative to {Path.cwd()})"
+    config = config_source or "the config"
+    raise DatasetError(
+        f"dataset {dataset.name}: file {source} not found{where}; put the file there or set "
+        f"datasets.{dataset.name}.source in {config} to its path"
+    )
+
+
 def _row_id(data: dict[str, Any], index: int, id_field: str | None) -> str:
     fields = (id_field,) if id_field else KNOWN_ID_FIELDS
     for field in fields:

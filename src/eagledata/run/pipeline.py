@@ -23,11 +23,22 @@ from eagledata.config import (
     format_validation_error,
     resolve_bundled,
 )
-from eagledata.errors import ConfigError, EagledataError, RunDirError, ServerUnavailableError
+from eagledata.errors import (
+    ConfigError,
+    EagledataError,
+    RunDirError,
+    ServerRefusedError,
+    ServerUnavailableError,
+)
 from eagledata.quality.flags import FlagDetector
 from eagledata.run.attempts import ItemSender
 from eagledata.run.canary_setup import canary_prompts, start_canary
-from eagledata.run.dataset import ResolvedDataset, count_rows, resolve_dataset
+from eagledata.run.dataset import (
+    ResolvedDataset,
+    check_local_source,
+    count_rows,
+    resolve_dataset,
+)
 from eagledata.run.holding import HoldAndRelease
 from eagledata.run.loadcontrol import LoadController, ServerPlan
 from eagledata.run.manifest import RunDir, scan_totals
@@ -301,7 +312,10 @@ class Run:
                 f"cannot reach an SGLang server at {urls}; start one (eagledata launch-server) "
                 "or fix --server"
             )
-        facts = [await guard.check(endpoint.url) for endpoint in reachable]
+        try:
+            facts = [await guard.check(endpoint.url) for endpoint in reachable]
+        except ServerRefusedError as refused:
+            raise self._name_the_model_setting(refused) from None
         input_limits = [f.max_req_input_len for f in facts if f.max_req_input_len is not None]
         contexts = [f.context_length for f in facts if f.context_length is not None]
         return LengthLimit.combine(
@@ -335,6 +349,21 @@ class Run:
                     workers = await client.router_workers(endpoint.url)
             load.add_server(ServerPlan(endpoint.url, guard.facts.get(endpoint.url), workers))
         return load
+
+    def _name_the_model_setting(self, refused: ServerRefusedError) -> ServerRefusedError:
+        """A refusal for serving another model says which setting asked for the model."""
+        expected = self.frozen.expected_model
+        if expected is None or f"expected {expected!r}" not in str(refused):
+            return refused
+        if self.run_dir.exists():
+            where = f"frozen in {self.run_dir.run_json} when the run started"
+            fix = f"point --server at a server of {expected}, or start a new run with --out"
+        else:
+            where = f"in {self.config.source}" if self.config.source else "in the config"
+            fix = f"serve {expected}, or change server.expected_model {where} (or pass --config)"
+        return ServerRefusedError(
+            f"{refused}; server.expected_model is {expected!r}, {where}. Fix: {fix}"
+        )
 
     def _manifest_extra(self, guard: KVGuard, estimate: int | None) -> dict[str, Any]:
         return {
@@ -430,6 +459,7 @@ def generate(
     config: AppConfig, dataset_arg: str, out_dir: Path | None, *, progress: bool = True
 ) -> Summary:
     dataset = resolve_dataset(dataset_arg, config.datasets)
+    check_local_source(dataset, config.source)  # before the run dir, tokenizer, server
     out = out_dir or config.run.out_dir or default_out_dir(dataset)
     return _execute(config, dataset, out, progress)
 
@@ -461,6 +491,7 @@ def resume(
         config = config.model_copy(update={"run": _with_concurrency(config.run, concurrency)})
     frozen = run_dir.frozen()
     dataset = ResolvedDataset(frozen.dataset_name, frozen.dataset)
+    check_local_source(dataset, f"{run_path}/run.json")
     return _execute(config, dataset, run_path, progress, retry_failed)
 
 

@@ -15,7 +15,7 @@ from eagledata.capacity.planner import plan_from_pool, plan_profiles
 from eagledata.capacity.speculative import AcceptOverride, SpecModel, plan_live_speculative
 from eagledata.config import AppConfig
 from eagledata.errors import ConfigError, ItemError
-from eagledata.run.dataset import ResolvedDataset, count_rows, iter_rows
+from eagledata.run.dataset import ResolvedDataset, check_local_source, count_rows, iter_rows
 from eagledata.run.prompts import to_messages
 from eagledata.run.tokenization import PromptTokenizer
 from eagledata.server.profiles import Profile, ThroughputSection
@@ -34,6 +34,7 @@ def measure_workload(
     mean_output_tokens: float | None,
 ) -> Workload:
     """Tokenize the first ``sample_rows`` prompts exactly as ``generate`` would."""
+    check_local_source(dataset, config.source)  # before the tokenizer is fetched
     tokenizer = PromptTokenizer(config.tokenizer)
     lengths: list[int] = []
     for row in itertools.islice(iter_rows(dataset.settings, config.run.limit), sample_rows):

@@ -25,6 +25,7 @@ from pathlib import Path
 import httpx
 
 from eagledata.capacity import KVModel
+from eagledata.config import shipped_path
 from eagledata.errors import (
     LaunchError,
     ServerRefusedError,
@@ -34,6 +35,14 @@ from eagledata.server.profiles import BF16_KV_DTYPES, Profile
 from eagledata.server.serverfacts import GuardVerdict, ServerFacts, evaluate_kv_guard
 
 DEFAULT_SCRIPT = Path("scripts/launch_sglang.sh")
+
+
+def default_script() -> Path:
+    """``./scripts/launch_sglang.sh`` when the working directory has one, else the shipped one."""
+    if DEFAULT_SCRIPT.is_file():
+        return DEFAULT_SCRIPT
+    return shipped_path(DEFAULT_SCRIPT.as_posix()) or DEFAULT_SCRIPT
+
 
 KV_REASON = (
     "eagledata serves only a bf16 KV cache: an fp8 KV cache degraded Kimi-K2.5 "

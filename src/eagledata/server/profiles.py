@@ -24,7 +24,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from eagledata.config import format_validation_error
+from eagledata.config import format_validation_error, shipped_path
 from eagledata.errors import ConfigError
 
 DEFAULT_PROFILES_DIR = Path("configs/profiles")
@@ -385,9 +385,16 @@ def parse_profile(data: dict[str, Any], *, name: str, source: str = "") -> Profi
         raise ConfigError(format_validation_error(error, f"{where}: ")) from None
 
 
+def default_profiles_dir() -> Path:
+    """``./configs/profiles`` when the working directory has one, else the shipped profiles."""
+    if DEFAULT_PROFILES_DIR.is_dir():
+        return DEFAULT_PROFILES_DIR
+    return shipped_path(DEFAULT_PROFILES_DIR.as_posix()) or DEFAULT_PROFILES_DIR
+
+
 def list_profiles(profiles_dir: str | Path | None = None) -> list[str]:
-    """Names of the profiles in ``profiles_dir`` (default ``configs/profiles``), sorted."""
-    directory = Path(profiles_dir) if profiles_dir is not None else DEFAULT_PROFILES_DIR
+    """Names of the profiles in ``profiles_dir`` (default ``default_profiles_dir()``), sorted."""
+    directory = Path(profiles_dir) if profiles_dir is not None else default_profiles_dir()
     if not directory.is_dir():
         return []
     return sorted(path.stem for path in directory.glob("*.toml"))
@@ -395,7 +402,7 @@ def list_profiles(profiles_dir: str | Path | None = None) -> list[str]:
 
 def load_profile(name_or_path: str | Path, profiles_dir: str | Path | None = None) -> Profile:
     """Load a profile by name from ``profiles_dir``, or from a ``.toml`` path."""
-    directory = Path(profiles_dir) if profiles_dir is not None else DEFAULT_PROFILES_DIR
+    directory = Path(profiles_dir) if profiles_dir is not None else default_profiles_dir()
     candidate = Path(name_or_path)
     path = candidate if candidate.suffix == ".toml" else directory / f"{name_or_path}.toml"
     if not path.is_file():
