@@ -283,3 +283,22 @@ def test_the_compact_id_set_is_a_set() -> None:
     assert all(item_id in compact for item_id in ids)
     assert not any(f"other/{index}/0" in compact for index in range(5000))
     assert compact.nbytes == 16 * 5000
+
+
+def test_resuming_a_finished_run_reads_no_record_no_row_and_no_tokenizer(
+    finished: Path, tmp_path: Path, sim: SimServerThread, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from eagledata.run import workplan
+    from eagledata.run.tokenization import PromptTokenizer
+
+    run = copy_run(finished, tmp_path / "run")
+
+    def forbidden(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a finished run needs no tokenizer and no dataset rows")
+
+    monkeypatch.setattr(PromptTokenizer, "__init__", forbidden)
+    monkeypatch.setattr(workplan, "iter_rows", forbidden)
+    monkeypatch.setattr("eagledata.run.shardindex.build_index", forbidden)  # indexes only
+    summary = pipeline.resume(run, server_urls=[sim.url], progress=False)
+    assert (summary.planned, summary.written, summary.left) == (80, 80, 0)
+    assert summary.session_records == 0

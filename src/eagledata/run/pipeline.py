@@ -41,7 +41,7 @@ from eagledata.run.dataset import (
 )
 from eagledata.run.holding import HoldAndRelease
 from eagledata.run.loadcontrol import LoadController, ServerPlan
-from eagledata.run.manifest import RunDir, scan_totals
+from eagledata.run.manifest import RunDir, RunTotals, scan_totals
 from eagledata.run.progress import Progress, Summary
 from eagledata.run.records import make_record
 from eagledata.run.scheduler import RetryPolicy, Scheduler
@@ -135,14 +135,25 @@ class Run:
         writer = ShardWriter(self.run_dir.path, config.run.shard_size, config.run.fsync_interval_s)
         writer.seal_pending()
         totals = scan_totals(self.run_dir.path)
-        tokenizer = await asyncio.to_thread(PromptTokenizer, config.tokenizer)
-        flagger = FlagDetector.from_vocab(tokenizer.token_id, tokenizer.roundtrip)
+        planned_before = self.run_dir.planned() if self.run_dir.exists() else None
+        # A plan read to its end whose every item is done: nothing to tokenize, send or flag,
+        # so neither the tokenizer nor the dataset is read (every done id is a plan id, so the
+        # counts decide it).
+        all_done = (
+            (self.run_dir.path / "plan.json").is_file()
+            and planned_before is not None
+            and len(totals.done_ids) >= planned_before
+        )
+        tokenizer: PromptTokenizer | None = None
+        flagger: FlagDetector | None = None
+        if not all_done:
+            tokenizer = await asyncio.to_thread(PromptTokenizer, config.tokenizer)
+            flagger = FlagDetector.from_vocab(tokenizer.token_id, tokenizer.roundtrip)
         failures = FailureLog(self.run_dir.path, config.run.fsync_interval_s)
         check_log = self.run_dir.check_log(config.run.fsync_interval_s)
         samples = config.generation.samples_per_prompt
-        rows = count_rows(self.dataset.settings, config.run.limit)
+        rows = None if all_done else count_rows(self.dataset.settings, config.run.limit)
         estimate = rows * samples if rows is not None else None
-        planned_before = self.run_dir.planned() if self.run_dir.exists() else None
         # The live bar starts once the servers have passed: a run that cannot start says so in
         # one line on stderr, without a bar drawn above it.
         progress = Progress(total=None, initial=0, enabled=False)
@@ -162,6 +173,7 @@ class Run:
 
         def release(payload: tuple[WorkItem, Any]) -> None:
             item, result = payload
+            assert flagger is not None  # results exist only when the plan had work
             writer.write(
                 make_record(
                     item_id=item.item_id,
@@ -223,16 +235,18 @@ class Run:
                 )
                 if not self.run_dir.exists():
                     self.run_dir.create(self.frozen, self._manifest_extra(kv_guard, estimate))
-                if config.canary.enabled:
+                source: AsyncIterator[WorkItem] = _iterate([])
+                if tokenizer is not None and config.canary.enabled:
                     canary_started = time.monotonic()
                     quality_log = Journal(self.run_dir.path / "quality.jsonl", 0.0)
+                    canary_tokenizer = tokenizer
                     monitor = await start_canary(
                         self.run_dir,
                         config,
                         client,
                         kv_guard,
                         guard,
-                        lambda: canary_prompts(config, self.dataset, tokenizer, limit),
+                        lambda: canary_prompts(config, self.dataset, canary_tokenizer, limit),
                         quality_log,
                         # said only beside the live bar: stderr is one line on failure
                         progress.note if self.show_progress else lambda _: None,
@@ -241,15 +255,16 @@ class Run:
                     self.checks_s += time.monotonic() - canary_started
                 telemetry = TelemetryLog(self.run_dir.path, config.load.telemetry_max_bytes)
                 load = await self._load_controller(client, kv_guard, fixed, telemetry, progress)
-                plan = WorkPlan(
-                    self.dataset,
-                    samples_per_prompt=samples,
-                    row_limit=config.run.limit,
-                    tokenizer=tokenizer,
-                    limit=limit,
-                    done=totals.done_ids,
-                )
-                source: AsyncIterator[WorkItem] = self._source(plan, failures, progress)
+                if tokenizer is not None:
+                    plan = WorkPlan(
+                        self.dataset,
+                        samples_per_prompt=samples,
+                        row_limit=config.run.limit,
+                        tokenizer=tokenizer,
+                        limit=limit,
+                        done=totals.done_ids,
+                    )
+                    source = self._source(plan, failures, progress)
                 sender = ItemSender(
                     client=client,
                     guard=guard,
@@ -299,7 +314,8 @@ class Run:
                 telemetry.close()
         if plan is not None and plan.complete and not self.interrupted and not scheduler.stopping:
             self.run_dir.set_planned(plan.enumerated)
-        return self._summary(started)
+        # nothing was written when nothing was left: the totals read at the start still hold
+        return self._summary(started, totals if all_done and not self.counts.records else None)
 
     async def _first_contact(self, client: SGLangClient, guard: KVGuard) -> LengthLimit:
         """Reach every server, check it (invariant 2), and derive the prompt length limit."""
@@ -380,8 +396,8 @@ class Run:
         """The first SIGINT/SIGTERM: the session ends once in-flight requests finish."""
         self.interrupted = "interrupted"
 
-    def _summary(self, started: float) -> Summary:
-        totals = scan_totals(self.run_dir.path)
+    def _summary(self, started: float, totals: RunTotals | None = None) -> Summary:
+        totals = totals or scan_totals(self.run_dir.path)
         planned = self.run_dir.planned() if self.run_dir.exists() else None
         done = totals.written + totals.failed + totals.skipped
         return Summary(
