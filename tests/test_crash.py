@@ -30,7 +30,8 @@ from conftest import (
     sim_config,
 )
 from eagledata.run import pipeline
-from eagledata.run.manifest import RunDir
+from eagledata.run.manifest import RunDir, sealed_shards
+from eagledata.run.shardindex import build_index, load_index
 from eagledata.run.verify import verify_run
 from eagledata.simserver import SimServerThread, expected_output
 
@@ -197,6 +198,10 @@ def test_kill_9_at_random_moments_then_resume_is_exactly_once(
     verified = finish(eagledata_cmd("verify", str(out)))
     assert verified.returncode == 0, verified.stdout
     assert verified.stdout.strip().endswith(": ok")
+    # Shard indexes: a kill between a shard's seal and its index leaves none; none is wrong.
+    for shard in sealed_shards(out):
+        assert load_index(shard) == build_index(shard), shard
+    assert verify_run(out, full=True).ok
     print(f"kills survived: {kills}, torn tails repaired: {torn}, items: {len(ids)}")
 
 
