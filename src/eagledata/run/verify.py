@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -89,19 +89,20 @@ def _check_record(record: object, where: str, report: VerifyReport) -> str | Non
 class _Claims:
     """Each id once across shards, journal and failure file, at 16 B an id (``idset``).
 
-    A repeat is found in one pass; where its first copy was is found by a second pass over the
-    same sources, only when there are repeats (``locate``).
+    Ids are added in bulk (fast); a repeat shows as fewer distinct ids than claims. Only then are
+    the sources read again to name each repeat and where its first copy is (``_repeats``).
     """
 
     def __init__(self) -> None:
         self.seen = CompactIdSet()
-        self.repeats: list[tuple[str, str]] = []  # (id, where the repeat is)
+        self.claimed = 0
 
-    def claim(self, item_id: str, source: object, line_no: int) -> None:
-        if item_id in self.seen:
-            self.repeats.append((item_id, f"{source}:{line_no}"))
-        else:
-            self.seen.add(item_id)
+    def claim_all(self, ids: list[str]) -> None:
+        self.seen.update(ids)
+        self.claimed += len(ids)
+
+    def has_repeats(self) -> bool:
+        return len(self.seen) < self.claimed
 
 
 def _check_lines(
@@ -122,6 +123,7 @@ def _check_lines(
         if builder is not None:
             builder.hasher.update(data[data.rfind(b"\n") + 1 :])
         data = data[: data.rfind(b"\n") + 1]
+    ids: list[str] = []
     for line_no, line in enumerate(data.splitlines(keepends=True), start=1):
         where = f"{relative}:{line_no}"
         try:
@@ -136,7 +138,8 @@ def _check_lines(
         report.records += 1
         item_id = _check_record(record, where, report)
         if item_id is not None:
-            claims.claim(item_id, relative, line_no)
+            ids.append(item_id)
+    claims.claim_all(ids)
 
 
 def _check_index(index: ShardIndex, relative: Path, report: VerifyReport, claims: _Claims) -> None:
@@ -146,33 +149,51 @@ def _check_index(index: ShardIndex, relative: Path, report: VerifyReport, claims
         report.add(f"{relative}: {index.invalid_lines} line(s) that are not records")
     for reason in sorted(set(index.finish_reasons) - {"stop", "length"}):
         report.add(f"{relative}: finish_reason {reason!r} is not stop or length")
-    for line_no, item_id in enumerate(index.ids, start=1):
-        claims.claim(item_id, relative, line_no)
+    claims.claim_all(index.ids)
 
 
-def _first_copies(
-    path: Path, claims: _Claims, failures_where: Callable[[], Iterator[tuple[str, str]]]
-) -> dict[str, str]:
-    """Where each repeated id was first seen: a second pass, over ids only."""
-    wanted = {item_id for item_id, _ in claims.repeats}
-    first: dict[str, str] = {}
-
-    def note(item_id: str, where: str) -> None:
-        if item_id in wanted and item_id not in first:
-            first[item_id] = where
-
+def _id_sources(path: Path) -> Iterator[tuple[str, str]]:
+    """Every (id, where) of a run in verify's order: shards, the open journal, failures."""
     for read in shard_indexes(path, persist=False):
         relative = read.shard.relative_to(path)
         for line_no, item_id in enumerate(read.index.ids, start=1):
-            note(item_id, f"{relative}:{line_no}")
+            yield item_id, f"{relative}:{line_no}"
     for journal in pending_journals(path):
         relative = journal.relative_to(path)
         for line_no, line in enumerate(iter_jsonl_lines(journal), start=1):
-            with contextlib.suppress(orjson.JSONDecodeError, AttributeError, TypeError):
-                note(orjson.loads(line).get("id"), f"{relative}:{line_no}")
-    for item_id, where in failures_where():
-        note(item_id, where)
-    return first
+            yield from _id_of(line, f"{relative}:{line_no}")
+    failures = path / "failures.jsonl"
+    if failures.is_file():
+        for line_no, line in enumerate(iter_jsonl_lines(failures), start=1):
+            yield from _id_of(line, f"failures.jsonl:{line_no}")
+
+
+def _id_of(line: bytes, where: str) -> Iterator[tuple[str, str]]:
+    with contextlib.suppress(orjson.JSONDecodeError):
+        value = orjson.loads(line)
+        if isinstance(value, dict) and isinstance(value.get("id"), str):
+            yield value["id"], where
+
+
+def _repeats(path: Path) -> list[str]:
+    """``WHERE: id X already at FIRST`` for each repeat: two more passes, over ids only."""
+    seen = CompactIdSet()
+    repeated: set[str] = set()
+    for item_id, _ in _id_sources(path):
+        if item_id in seen:
+            repeated.add(item_id)
+        else:
+            seen.add(item_id)
+    first: dict[str, str] = {}
+    problems = []
+    for item_id, where in _id_sources(path):
+        if item_id not in repeated:
+            continue
+        if item_id in first:
+            problems.append(f"{where}: id {item_id!r} already at {first[item_id]}")
+        else:
+            first[item_id] = where
+    return problems
 
 
 def verify_run(path: Path, *, full: bool = False) -> VerifyReport:
@@ -222,6 +243,7 @@ def verify_run(path: Path, *, full: bool = False) -> VerifyReport:
         if failures.is_file():
             yield from enumerate(failures.read_bytes().splitlines(), start=1)
 
+    failure_ids: list[str] = []
     for line_no, line in failure_lines():
         where = f"failures.jsonl:{line_no}"
         try:
@@ -235,17 +257,11 @@ def verify_run(path: Path, *, full: bool = False) -> VerifyReport:
             continue
         if not entry.get("reason"):
             report.add(f"{where}: failure entry without a reason")
-        claims.claim(entry["id"], "failures.jsonl", line_no)
-    if claims.repeats:
-
-        def failure_ids() -> Iterator[tuple[str, str]]:
-            for line_no, line in failure_lines():
-                with contextlib.suppress(orjson.JSONDecodeError, AttributeError, TypeError):
-                    yield orjson.loads(line).get("id"), f"failures.jsonl:{line_no}"
-
-        first = _first_copies(path, claims, failure_ids)
-        for item_id, where in claims.repeats[:MAX_LISTED]:
-            report.add(f"{where}: id {item_id!r} already at {first.get(item_id, '?')}")
+        failure_ids.append(entry["id"])
+    claims.claim_all(failure_ids)
+    if claims.has_repeats():
+        for problem in _repeats(path)[:MAX_LISTED]:
+            report.add(problem)
     planned = run_dir.planned()
     plan_complete = (path / "plan.json").is_file()
     accounted = report.records + report.failures
