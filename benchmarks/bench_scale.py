@@ -152,17 +152,24 @@ def shard_bytes(run: Path) -> int:
 
 def generate_run(work: Path, name: str, rows: int, words: int, max_new_tokens: int) -> Path:
     run, dataset, config = work / name, work / f"{name}.jsonl", work / f"{name}.toml"
-    if (run / "plan.json").is_file():
+    record = work / f"{name}.generated.json"
+    if (run / "plan.json").is_file() and record.is_file():
+        GENERATED[name] = json.loads(record.read_text())
         print(f"{name}: reusing {run}")
         return run
     write_dataset(dataset, rows, words)
     with sim_server(**SIM_OPTIONS) as url:
         write_config(config, url, max_new_tokens, shard_size=1000)
-        seconds, rss, code = run_measured(
-            cli("generate", "--config", str(config), "--dataset", str(dataset))
-            + ["--out", str(run), "--no-progress"]
-        )
-    GENERATED[name] = {"seconds": seconds, "peak_rss_mb": rss, "exit_code": code}
+        generate = cli("generate", "--config", str(config), "--dataset", str(dataset))
+        seconds, rss, code = run_measured([*generate, "--out", str(run), "--no-progress"])
+    GENERATED[name] = {
+        "records": rows,
+        "seconds": seconds,
+        "peak_rss_mb": rss,
+        "exit_code": code,
+        "load_average": os.getloadavg(),
+    }
+    record.write_text(json.dumps(GENERATED[name]))
     print(f"{name}: generated {rows:,} records in {seconds:.0f} s, peak RSS {rss:.0f} MB")
     return run
 
@@ -238,12 +245,16 @@ def synthetic_run(work: Path, records: int) -> Path:
     return run
 
 
-def measure_run(name: str, run: Path, url: str, baseline_src: str | None) -> list[Measure]:
+def measure_run(
+    name: str, run: Path, url: str, baseline_src: str | None, only: set[str] | None = None
+) -> list[Measure]:
     records = _records(run)
     size = shard_bytes(run)
     out: list[Measure] = []
 
     def timed(label: str, argv: list[str], code: str = "indexes", path: str | None = None) -> None:
+        if only is not None and label not in only:
+            return
         seconds, rss, exit_code = run_measured(argv, pythonpath=path)
         out.append(Measure(name, records, size, label, code, seconds, rss, exit_code))
         print(f"  {name:10} {code:8} {label:22} {seconds:7.2f} s  {rss:6.0f} MB")
@@ -255,11 +266,12 @@ def measure_run(name: str, run: Path, url: str, baseline_src: str | None) -> lis
     timed("verify --full", cli("verify", str(run), "--full"))
     plan = run / "plan.json"
     saved = plan.read_bytes()
-    plan.unlink()
-    try:
-        timed("resume (plan open)", resume)
-    finally:
-        plan.write_bytes(saved)  # resume rewrote it; restore the original either way
+    if only is None or "resume (plan open)" in only:
+        plan.unlink()
+        try:
+            timed("resume (plan open)", resume)
+        finally:
+            plan.write_bytes(saved)  # resume rewrote it; restore the original either way
     if baseline_src is not None:
         timed("resume", resume, "before", baseline_src)
         timed("status", cli("status", str(run)), "before", baseline_src)
@@ -269,8 +281,9 @@ def measure_run(name: str, run: Path, url: str, baseline_src: str | None) -> lis
             timed("resume (plan open)", resume, "before", baseline_src)
         finally:
             plan.write_bytes(saved)
-    for index in (run / "shards").glob("*.idx.json"):
-        index.unlink()
+    if only is None or "status (no index)" in only:
+        for index in (run / "shards").glob("*.idx.json"):
+            index.unlink()
     timed("status (no index)", cli("status", str(run)))  # rebuilds and writes them back
     timed("status", cli("status", str(run)))
     return out
@@ -310,6 +323,7 @@ def main() -> None:
     parser.add_argument("--no-baseline", action="store_true")
     parser.add_argument("--workdir", type=Path, default=None, help="keep the runs here")
     parser.add_argument("--output", type=Path, default=RESULTS)
+    parser.add_argument("--only", nargs="*", help='measure only these commands, e.g. "verify"')
     args = parser.parse_args()
 
     work = args.workdir or Path(tempfile.mkdtemp(prefix="eagledata-scale-"))
@@ -329,7 +343,8 @@ def main() -> None:
     measures: list[Measure] = []
     with sim_server(**SIM_OPTIONS) as url:
         for name, run in runs:
-            measures.extend(measure_run(name, run, url, baseline_src))
+            only = set(args.only) if args.only else None
+            measures.extend(measure_run(name, run, url, baseline_src, only))
     load_after = os.getloadavg()
     result = {
         "machine": {
