@@ -56,11 +56,13 @@ class CompactIdSet:
             self._unsorted.append(_hash_all(chunk))
 
     def __contains__(self, item_id: object) -> bool:
+        # the hot path of a plan: one call per row, so no call that is not needed
         if not isinstance(item_id, str):
             return False
         if item_id in self._recent:
             return True
-        self._merge()
+        if self._unsorted:
+            self._merge()
         return self._in_arrays(item_id)
 
     def __len__(self) -> int:
