@@ -101,13 +101,20 @@ def test_flags_are_counted_from_the_records_and_none_for_records_without(
 ) -> None:
     run = copy_run(finished, tmp_path / "run")
     shard = sealed_shards(run)[0]
-    lines = shard.read_bytes().splitlines()
-    records = [orjson.loads(line) for line in lines]
+    records = [orjson.loads(line) for line in shard.read_bytes().splitlines()]
     records[0]["flags"] = ["truncated", "degenerate"]
     records[1]["flags"] = ["truncated"]
+    del records[2]["flags"]  # a record written before flags existed
+    records[3]["flags"] = []
     shard.write_bytes(b"".join(orjson.dumps(record) + b"\n" for record in records))
-    assert scan_totals(run).flags == {"truncated": 2, "degenerate": 1}
-    assert load_index(shard).flags == {"truncated": 2, "degenerate": 1}
+    every = read_records(run)
+    expected = Counter(flag for record in every for flag in record.get("flags") or ())
+    totals = scan_totals(run)
+    assert totals.flags == dict(expected)
+    assert totals.flagged == sum(1 for record in every if record.get("flags"))
+    index = load_index(shard)
+    assert index.flags == dict(Counter(f for r in records for f in r.get("flags") or ()))
+    assert index.flagged == sum(1 for record in records if record.get("flags"))
 
 
 def corrupt_deleted(index: Path, shard: Path) -> None:
@@ -302,3 +309,24 @@ def test_resuming_a_finished_run_reads_no_record_no_row_and_no_tokenizer(
     summary = pipeline.resume(run, server_urls=[sim.url], progress=False)
     assert (summary.planned, summary.written, summary.left) == (80, 80, 0)
     assert summary.session_records == 0
+
+
+def test_speculative_counts_and_time_span_come_through_the_index(
+    finished: Path, tmp_path: Path
+) -> None:
+    run = copy_run(finished, tmp_path / "run")
+    for number, shard in enumerate(sealed_shards(run)):
+        records = [orjson.loads(line) for line in shard.read_bytes().splitlines()]
+        for position, record in enumerate(records):
+            if (number + position) % 3:  # some records were speculatively decoded
+                record["spec_verify_ct"] = max(1, record["completion_tokens"] // 3)
+        shard.write_bytes(b"".join(orjson.dumps(record) + b"\n" for record in records))
+    every = read_records(run)
+    speculative = [r for r in every if r.get("spec_verify_ct")]
+    totals = scan_totals(run)
+    assert totals.acceptance.records == len(speculative)
+    assert totals.acceptance.tokens == sum(r["completion_tokens"] for r in speculative)
+    assert totals.acceptance.verify_ct == sum(r["spec_verify_ct"] for r in speculative)
+    created = [r["created_at"] for r in every]
+    assert totals.first_created == pytest.approx(min(created), abs=1e-3)
+    assert totals.last_created == pytest.approx(max(created), abs=1e-3)
