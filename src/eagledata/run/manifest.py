@@ -159,10 +159,12 @@ def pending_journals(run_dir: Path) -> list[Path]:
     return [folder / name for name in sorted(os.listdir(folder)) if SHARD_PATTERN.match(name)]
 
 
-def shard_indexes(run_dir: Path, *, persist: bool = True) -> Iterator[IndexRead]:
+def shard_indexes(run_dir: Path, *, persist: bool = False) -> Iterator[IndexRead]:
     """The trusted index of every sealed shard (rebuilt from the shard where it must be).
 
-    ``persist`` writes rebuilt indexes back (best effort), so the next reader finds them.
+    ``persist`` writes rebuilt indexes back (best effort), so the next reader finds them: only
+    the process holding the run's lock (``generate``, ``resume``) does; readers (``status``,
+    ``verify``, export, report) leave the run directory as they found it.
     """
     return iter_indexes(sealed_shards(run_dir), persist=persist)
 
@@ -172,7 +174,7 @@ def _count(table: dict[str, int], key: str, count: int = 1) -> None:
 
 
 def scan_totals(
-    run_dir: Path, recent_window_s: float = 600.0, *, persist_indexes: bool = True
+    run_dir: Path, recent_window_s: float = 600.0, *, persist_indexes: bool = False
 ) -> RunTotals:
     """Counts over the committed files: shard indexes, the open journal's lines, the failures.
 

@@ -134,7 +134,8 @@ class Run:
         config = self.config
         writer = ShardWriter(self.run_dir.path, config.run.shard_size, config.run.fsync_interval_s)
         writer.seal_pending()
-        totals = scan_totals(self.run_dir.path)
+        # under the lock: an index found missing, torn, stale or forged is written back
+        totals = scan_totals(self.run_dir.path, persist_indexes=True)
         planned_before = self.run_dir.planned() if self.run_dir.exists() else None
         # A plan read to its end whose every item is done: nothing to tokenize, send or flag,
         # so neither the tokenizer nor the dataset is read (every done id is a plan id, so the

@@ -1,7 +1,7 @@
 """``eagledata verify`` and ``eagledata status``: reports over a run directory.
 
-Both read committed data only and never change a record; they may write back a shard index they
-had to rebuild (a cache, written atomically; ``shardindex``).
+Both read committed data only and write nothing: a shard index they cannot trust is rebuilt in
+memory; the next ``resume`` (which holds the run's lock) writes it back.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from typing import Any
 
 import orjson
 
-from eagledata.errors import StorageError
 from eagledata.run.idset import CompactIdSet
 from eagledata.run.manifest import (
     RunDir,
@@ -27,13 +26,12 @@ from eagledata.run.manifest import (
 )
 from eagledata.run.records import REQUIRED_RECORD_KEYS
 from eagledata.run.shardindex import (
-    FORGED,
     IndexBuilder,
     IndexRejected,
     ShardIndex,
     index_differences,
+    index_path,
     load_index,
-    write_index,
 )
 from eagledata.run.writer import iter_jsonl_lines
 
@@ -199,7 +197,7 @@ def _repeats(path: Path) -> list[str]:
 def verify_run(path: Path, *, full: bool = False) -> VerifyReport:
     """Check a run directory. Sealed shards are checked through their trusted index; a shard
     whose index cannot be trusted, the open journal, and with ``full`` every shard, line by line
-    (``full`` also compares each index with its shard and rewrites one that disagrees).
+    (``full`` also compares each index with its shard). Nothing is written.
     """
     run_dir = RunDir(path)
     run_dir.read()  # refuses a non-run directory or another schema with its own message
@@ -223,18 +221,19 @@ def verify_run(path: Path, *, full: bool = False) -> VerifyReport:
         except FileNotFoundError:
             continue
         fresh = builder.finish(before.st_size, before.st_mtime_ns)
-        if trusted is not None:
-            differences = index_differences(trusted, fresh)
-            if not differences:
-                continue
-            rebuilt.setdefault(f"{FORGED} (differs in {', '.join(differences)})", []).append(
-                shard.name
+        if trusted is not None and (differences := index_differences(trusted, fresh)):
+            # it passed every quick check, so resume and status would trust it: a problem
+            report.add(
+                f"{relative}: its index differs from the shard ({', '.join(differences)}); "
+                f"delete {index_path(shard).relative_to(path)} and run 'eagledata resume "
+                f"{path}' to rebuild it"
             )
-        with contextlib.suppress(StorageError):
-            write_index(shard, fresh)
     for kind, names in sorted(rebuilt.items()):
         listed = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
-        report.notes.append(f"rebuilt {len(names)} shard index(es), {kind}: {listed}")
+        report.notes.append(
+            f"rebuilt {len(names)} shard index(es) from their shard, {kind}: {listed} "
+            "('eagledata resume' writes them back)"
+        )
     for journal in pending_journals(path):
         _check_lines(journal, journal.relative_to(path), report, claims, None)
     failures = path / "failures.jsonl"
