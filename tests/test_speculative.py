@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
 import pytest
 from typer.testing import CliRunner
 
@@ -21,6 +22,7 @@ from eagledata.errors import CanaryDriftError, ConfigError, LaunchError
 from eagledata.run import pipeline
 from eagledata.run.verify import run_status
 from eagledata.server.launch import build_launch_command
+from eagledata.server.loads import parse_metrics, parse_v1_loads
 from eagledata.server.profiles import ThroughputSection, load_profiles, parse_profile
 from eagledata.server.serverfacts import ServerFacts, evaluate_kv_guard
 from eagledata.server.sglang_flags import DCP_SGLANG_VERSION, contract_path, load_contract
@@ -39,9 +41,13 @@ def _repo_cwd(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("EAGLEDATA_CONFIG", raising=False)
 
 
-def spec_sim(tokenizer_dir: str, **speculative: Any) -> SimServerThread:
+def spec_sim(tokenizer_dir: str, latency_s: float = 0.0, **speculative: Any) -> SimServerThread:
     return SimServerThread(
-        sim_config(tokenizer_dir, speculative={"accept_length": 2.5, **speculative})
+        sim_config(
+            tokenizer_dir,
+            latency_s=latency_s,
+            speculative={"accept_length": 2.5, **speculative},
+        )
     )
 
 
@@ -233,11 +239,19 @@ def test_records_keep_verify_counts_and_status_measures_acceptance(
     tokenizer_dir: str, tmp_path: Path
 ) -> None:
     out = tmp_path / "run"
-    with spec_sim(tokenizer_dir) as sim:
-        config = make_config([sim.url], out, generation={"max_new_tokens": 200})
+    with spec_sim(tokenizer_dir, latency_s=0.05) as sim:  # a run long enough to sample
+        config = make_config(
+            [sim.url],
+            out,
+            generation={"max_new_tokens": 200},
+            load={"telemetry_interval_s": 0.05, "poll_interval_s": 0.05},
+            run={"concurrency": 4},
+        )
         summary = pipeline.generate(config, str(SAMPLES / "sharegpt.jsonl"), None, progress=False)
         facts = _facts(sim.url)
         metrics = httpx.get(f"{sim.url}/metrics").text
+        loads = parse_v1_loads(httpx.get(f"{sim.url}/v1/loads").json())
+        gauges = parse_metrics(metrics)
     records = read_records(out)
     assert summary.written == len(records) > 10
     counted = [r for r in records if r["spec_verify_ct"] is not None]
@@ -263,6 +277,12 @@ def test_records_keep_verify_counts_and_status_measures_acceptance(
     assert facts.speculative is not None
     assert facts.speculative.accept_length == pytest.approx(measured)
     assert "sglang:spec_accept_length{" in metrics
+    # telemetry: the server's figure, sampled while the run went on (0 before the first verify)
+    assert loads is not None and loads.ranks[0].spec_accept_length == pytest.approx(measured)
+    assert gauges is not None and gauges.ranks[0].spec_accept_length == pytest.approx(measured)
+    telemetry = [orjson.loads(line) for line in (out / "telemetry.jsonl").read_bytes().splitlines()]
+    sampled = [t["spec_accept_length"] for t in telemetry if t["spec_accept_length"] is not None]
+    assert sampled and all(1.0 < value < 4.0 for value in sampled)
 
 
 def test_plan_server_uses_the_measured_acceptance(tokenizer_dir: str, tmp_path: Path) -> None:

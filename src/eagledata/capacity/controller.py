@@ -170,6 +170,8 @@ class LaneSample:
     retracted_total: float | None = None
     retracted_waiting: int | None = None
     max_running: int | None = None
+    spec_accept_length: float | None = None
+    """Speculative tokens per verify step (telemetry only; the controller does not read it)."""
 
 
 @dataclass(eq=False)

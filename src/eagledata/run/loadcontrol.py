@@ -191,6 +191,7 @@ class LoadController:
                 retracted_total=total / share if total is not None else None,
                 retracted_waiting=rank.retracted_waiting,
                 max_running=rank.max_running,
+                spec_accept_length=rank.spec_accept_length,
             )
             if lane.observe(sample, now) and self.auto:
                 self.note_once(
@@ -327,7 +328,7 @@ class LoadController:
             "target": self.fixed if self.fixed is not None else lane.sustainable_running(),
             "target_usage": round(lane.usage_target, 3) if self.auto else None,
             "queue_full": lane.rejections,
-            "spec_accept_length": None,
+            "spec_accept_length": None if sample is None else sample.spec_accept_length,
         }
 
     def _write_telemetry(self) -> None:

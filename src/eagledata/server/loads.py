@@ -34,6 +34,9 @@ class RankLoad:
     gen_throughput: float | None = None
     retracted_waiting: int | None = None
     max_running: int | None = None
+    spec_accept_length: float | None = None
+    """Speculative tokens per verify step (``/v1/loads`` ``speculative.accept_length``, or the
+    ``sglang:spec_accept_length`` gauge); None without speculative decoding (SGLang reports 0)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,11 +79,18 @@ def parse_v1_loads(body: Any) -> ServerLoad | None:
                 gen_throughput=_float(entry.get("gen_throughput")),
                 retracted_waiting=_int(queues.get("retracted")),
                 max_running=_int(entry.get("max_running_requests")),
+                spec_accept_length=_accept_length(entry.get("speculative")),
             )
         )
     if not ranks:
         return None
     return ServerLoad("loads", tuple(sorted(ranks, key=lambda r: r.rank)))
+
+
+def _accept_length(section: Any) -> float | None:
+    """``/v1/loads`` ``speculative`` (S9 ``SpeculativeMetrics``): present once a verify ran."""
+    value = _float(section.get("accept_length")) if isinstance(section, dict) else None
+    return value if value else None
 
 
 _SAMPLE = re.compile(r"^(sglang:[a-z_]+)(?:\{([^}]*)\})?\s+(\S+)")
@@ -92,7 +102,9 @@ _GAUGE_FIELDS = {
     "sglang:max_total_num_tokens": "pool_tokens",
     "sglang:token_usage": "token_usage",
     "sglang:gen_throughput": "gen_throughput",
+    "sglang:spec_accept_length": "spec_accept_length",
 }
+_FLOAT_FIELDS = ("token_usage", "gen_throughput", "spec_accept_length")
 _RETRACTED_COUNTERS = ("sglang:num_retracted_requests_total",)
 _RETRACTED_GAUGES = ("sglang:num_retracted_reqs", "sglang:total_retracted_reqs")
 
@@ -125,7 +137,9 @@ def parse_metrics(text: str) -> ServerLoad | None:
     for rank, fields in sorted(values.items()):
         kwargs: dict[str, Any] = {}
         for key, value in fields.items():
-            kwargs[key] = value if key in ("token_usage", "gen_throughput") else int(value)
+            kwargs[key] = value if key in _FLOAT_FIELDS else int(value)
+        if not kwargs.get("spec_accept_length"):  # SGLang logs 0 without speculative decoding
+            kwargs.pop("spec_accept_length", None)
         ranks.append(RankLoad(rank=rank, **kwargs))
     return ServerLoad("metrics", tuple(ranks), retracted_total=counter, retracted_recent=recent)
 
@@ -197,7 +211,13 @@ def merge_workers(loads: list[ServerLoad]) -> ServerLoad | None:
         gen_throughput=_sum([rank.gen_throughput for rank in ranks]),
         retracted_waiting=_sum([rank.retracted_waiting for rank in ranks]),
         max_running=_sum([rank.max_running for rank in ranks]),
+        spec_accept_length=_mean([rank.spec_accept_length for rank in ranks]),
     )
     totals = [load.retracted_total for load in loads]
     total = None if any(t is None for t in totals) else _sum(totals)
     return ServerLoad(loads[0].source, (merged,), retracted_total=total)
+
+
+def _mean(values: list[float | None]) -> float | None:
+    known = [value for value in values if value is not None]
+    return sum(known) / len(known) if known else None

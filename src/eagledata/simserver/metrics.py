@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from eagledata.simserver.speculative import metrics_lines
+from eagledata.simserver.speculative import loads_section, metrics_lines
 from eagledata.simserver.state import SimState
 
 GAUGES = (
@@ -147,6 +147,7 @@ def render_loads(state: SimState, dp_rank: str | None = None) -> dict[str, Any]:
                     "paused": 0,
                     "retracted": view["retracted_waiting"],
                 },
+                **loads_section(config.speculative, state.spec_tally.accept_length),
             }
         )
     count = max(1, len(loads))

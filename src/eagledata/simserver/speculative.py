@@ -157,3 +157,11 @@ class SpecTally:
     @property
     def accept_length(self) -> float:
         return self.tokens / self.verify_ct if self.verify_ct else 0.0
+
+
+def loads_section(spec: SimSpeculative | None, accept: float) -> dict[str, Any]:
+    """``/v1/loads`` ``speculative`` (S9 ``SpeculativeMetrics``), once a verify step ran."""
+    if spec is None or accept <= 0:
+        return {}
+    rate = (accept - 1.0) / (spec.num_draft_tokens - 1)
+    return {"speculative": {"accept_length": accept, "accept_rate": rate}}
