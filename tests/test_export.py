@@ -460,3 +460,52 @@ def test_runs_with_different_tokenizers_need_an_explicit_one(
         [flagged_run, other], tmp_path / "c.jsonl", format="text", tokenizer=tokenizer_dir
     )
     assert report.exported + sum(report.skipped.values()) == 11 + 1
+
+
+def specforge_validate_row(row: dict[str, Any]) -> list[str]:
+    """The rules of SpecForge's ``scripts/validate_regenerated_data.py`` ``validate_row`` with
+    ``--expect-reasoning`` off and ``--strict-think-markers`` on, as its source states them (the
+    script is not in the wheel): a non-empty string id, status success, a system message only
+    first, then user and assistant alternating with non-empty string content, an assistant last,
+    no think markers in content or reasoning_content."""
+    problems = []
+    if not (isinstance(row.get("id"), str) and row["id"]):
+        problems.append("id")
+    if row.get("status") != "success":
+        problems.append("status")
+    messages = row.get("conversations") or []
+    roles = [m.get("role") for m in messages]
+    if roles and roles[0] == "system":
+        roles = roles[1:]
+    if "system" in roles:
+        problems.append("system not first")
+    expected = ["user", "assistant"] * (len(roles) // 2 + 1)
+    if roles != expected[: len(roles)]:
+        problems.append(f"role order {roles}")
+    if not roles or roles[-1] != "assistant":
+        problems.append("last message is not the assistant's")
+    for message in messages:
+        if not (isinstance(message.get("content"), str) and message["content"].strip()):
+            problems.append("empty content")
+        for field in ("content", "reasoning_content"):
+            if any(m in str(message.get(field, "")) for m in ("<think>", "</think>")):
+                problems.append(f"think marker in {field}")
+    return problems
+
+
+def test_conversations_of_a_real_run_pass_specforges_row_validation(
+    real_runs: list[Path], thinking_run: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "conv.jsonl"
+    report = export([real_runs[0], thinking_run], out, format="conversations")
+    rows = read_jsonl(out)
+    assert len(rows) == report.exported > 0
+    assert {row["id"]: specforge_validate_row(row) for row in rows} == {
+        row["id"]: [] for row in rows
+    }
+    # the prompt messages are the ones sent, unchanged
+    records = {r["id"]: r for r in records_of(real_runs[0])}
+    for row in rows:
+        source = records.get(row["id"].removeprefix(f"{real_runs[0].name}/"))
+        if source is not None:
+            assert row["conversations"][:-1] == source["messages"]
