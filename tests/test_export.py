@@ -93,6 +93,8 @@ def test_the_report_reconciles_with_status(real_runs: list[Path], tmp_path: Path
     text = report.render()
     assert f"planned  {status.planned:,} = exported" in text
     assert f"max_length >= {lengths[-1]:,}" in text
+    assert f"use      SpecForge: data.prompts_path: {out}, data.max_length: {lengths[-1]}" in text
+    assert f"speculators: prepare-data --data {out} --seq-length {lengths[-1]}" in text
 
 
 def test_several_runs_go_into_one_file_with_unique_ids_and_per_run_counts(

@@ -130,6 +130,27 @@ class ExportReport:
             "p50": percentile(ordered, 0.5),
         }
 
+    def hand_off(self) -> list[str]:
+        """How the trainers read this output (their own config keys and flags)."""
+        longest = self.length_stats()["max"]
+        length = "N" if longest is None else str(longest)
+        if self.format == "ids":
+            return [
+                f"SpecForge: data.prompts_path: {self.output}, data.max_length: {length}",
+                f"speculators: prepare-data --data {self.output} --seq-length {length}",
+            ]
+        if self.format == "hf":
+            return [f"speculators: prepare-data --data hf:{self.output} --seq-length {length}"]
+        if self.format == "conversations":
+            return [
+                f"SpecForge (lossy): prepare_hidden_states.py --data-path {self.output} "
+                f"--max-length {length}, or data.train_data_path: {self.output}"
+            ]
+        return [
+            f"SpecForge (lossy): data.train_data_path: {self.output}, data.is_preformatted: true, "
+            f"data.max_length: {length}"
+        ]
+
     def to_json(self) -> dict[str, Any]:
         return {
             "format": self.format,
@@ -147,6 +168,7 @@ class ExportReport:
             "runs": [run.to_json() for run in self.runs],
             "warnings": self.warnings,
             "lossy": self.lossy,
+            "use": self.hand_off(),
             "files": self.files,
             "skipped_ids": {k: v for k, v in sorted(self.skipped_ids.items())},
         }
@@ -178,6 +200,7 @@ class ExportReport:
                     f"skipped {run.skipped_total:,}"
                     + (f" ({_listing(run.skipped)})" if run.skipped else "")
                 )
+        lines.extend(f"use      {line}" for line in self.hand_off())
         lines.extend(f"warning: {warning}" for warning in self.warnings)
         for kind, path in self.files.items():
             if kind != "data":
