@@ -511,3 +511,23 @@ def test_conversations_of_a_real_run_pass_specforges_row_validation(
         source = records.get(row["id"].removeprefix(f"{real_runs[0].name}/"))
         if source is not None:
             assert row["conversations"][:-1] == source["messages"]
+
+
+def test_a_running_run_exports_its_committed_lines_only(tmp_path: Path) -> None:
+    """A journal still open (``pending/``) holds committed whole lines and maybe a torn tail:
+    the export takes exactly what ``status`` counts, and says the plan is not finished."""
+    from eagledata.run.writer import ShardWriter
+
+    run = make_run(tmp_path / "running", [record("a", [1, 10], [20, IM_END])])
+    writer = ShardWriter(run, shard_size=100, fsync_interval_s=0)
+    writer.write(record("b", [1, 11], [21, IM_END]))
+    writer.write(record("c", [1, 12], [22, IM_END]))
+    writer.sync()  # left open, as by a running generate
+    journal = next((run / "pending").glob("shard-*.jsonl"))
+    with journal.open("ab") as handle:
+        handle.write(b'{"id": "hand/d/0", "input_')  # a write cut short
+    report = export([run], tmp_path / "t.jsonl")
+    ids = [row["id"] for row in read_jsonl(tmp_path / "t.jsonl")]
+    assert ids == ["hand/a/0", "hand/b/0", "hand/c/0"]
+    assert run_status(run).written == report.exported == 3
+    assert any("has not finished its plan" in w for w in report.warnings)
