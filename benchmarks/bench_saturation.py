@@ -224,15 +224,29 @@ def table(points: list[Point]) -> str:
 
 
 def main() -> None:
+    global TIME_SCALE
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--warmup", type=float, default=20.0, help="wall seconds")
     parser.add_argument("--measure", type=float, default=20.0, help="wall seconds")
     parser.add_argument("--only", choices=("single", "two", "changing"), action="append")
     parser.add_argument("--fixed", type=int, nargs="*", default=[16, 64, 256, 1024])
+    parser.add_argument(
+        "--time-scale",
+        type=float,
+        default=TIME_SCALE,
+        help="wall seconds per modelled second; the client's poll and reaction delays, "
+        "in modelled time, grow as it shrinks (a loaded machine makes them worse)",
+    )
     args = parser.parse_args()
+    TIME_SCALE = args.time_scale
     sections = args.only or ["single", "two", "changing"]
     tokenizer = resolve_bundled("bundled:tokenizer/tiny-chatml")
-    results: dict[str, Any] = {"time_scale": TIME_SCALE, "pool": POOL, "queue_cap": QUEUE_CAP}
+    # Sections run on their own keep the others' results; each section says how it was run.
+    results: dict[str, Any] = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    results.update({"pool": POOL, "queue_cap": QUEUE_CAP})
+    results.pop("time_scale", None)
+    runs: dict[str, Any] = results.setdefault("runs", {})
+    load_start = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="bench-saturation-") as tmp:
         work = Path(tmp)
         dataset = work / "prompts.jsonl"
@@ -283,6 +297,14 @@ def main() -> None:
             ]
             print(table(points))
             results["changing"] = [asdict(p) for p in points]
+    for section in sections:
+        runs[section] = {
+            "command": " ".join(["python", "benchmarks/bench_saturation.py", *sys.argv[1:]]),
+            "time_scale": TIME_SCALE,
+            "warmup_wall_s": args.warmup,
+            "measure_wall_s": args.measure,
+            "load_average_1min": [load_start, os.getloadavg()[0]],
+        }
     RESULTS.parent.mkdir(exist_ok=True)
     RESULTS.write_text(json.dumps(results, indent=2) + "\n")
 
