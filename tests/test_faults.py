@@ -176,13 +176,15 @@ def test_a_server_failing_every_request_is_down_not_a_reason_to_fail_items(
     resumably after ``down_deadline_s``, and resumes once the server works again."""
     sim.control(**{knob: 1.0})
     out = tmp_path / "run"
+    # The deadline leaves room for every item's attempts on a loaded 2-core machine: the
+    # assertion is that none of them is blamed, not how fast they are made.
     config = fault_config(
-        [sim.url], out, server={"max_attempts": 2, "down_deadline_s": 0.5}, run={"limit": 5}
+        [sim.url], out, server={"max_attempts": 2, "down_deadline_s": 2.0}, run={"limit": 5}
     )
     with pytest.raises(ServerUnavailableError) as caught:
         run(config)
     message = str(caught.value)
-    assert message.startswith(f"{sim.url} has failed every request for 0.5s (last: ")
+    assert message.startswith(f"{sim.url} has failed every request for 2s (last: ")
     assert message.endswith(f"the run is saved: fix the server and run 'eagledata resume {out}'")
     assert read_records(out) == [] and read_failures(out) == []
     assert sim.stats()["outcomes"][RETRIED[knob][0]] >= 10 * 2
