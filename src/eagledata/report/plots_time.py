@@ -199,8 +199,9 @@ def load_plot(data: RunData) -> Plot:
         png = render(figure)
     retractions = sum(_retractions(data.load[label]) for label in labels)
     peak = max(_peak(data.load[label].token_usage) for label in labels)
+    samples = sum(len(data.load[label].time) for label in labels)
     caption = (
-        f"{sum(len(data.load[label].time) for label in labels):,} samples from "
+        f"{samples:,} sample{'s' if samples != 1 else ''} from "
         f"{len(labels)} server{'s' if len(labels) != 1 else ''}; peak KV usage {peak:.0%}; "
         f"{retractions:,.0f} retraction{'s' if retractions != 1 else ''}."
     )
