@@ -4,7 +4,8 @@ Builds a synthetic run directory without a server (cached under ``--dir``, rebui
 parameters change): N records of ~5k tokens in shards of 1,000 (prompt lengths log-normal around
 ~900 tokens, answers log-normal around ~4,000 and cut at max_new_tokens 8,192, random ids under
 Kimi-K2.5's vocabulary, ~4 characters of text per token), 0.2% failures, and the side files of a
-57-hour run: a KV check every 30 s, a telemetry sample every 5 s, a canary check every 10 min.
+57-hour run: a KV check every 30 s, a telemetry sample every 5 s, a canary check every 10 min;
+and, where this eagledata writes them, the shard index sidecars a real run's writer leaves.
 
 Each measurement runs in a fresh process (so peak RSS is its own) over a warm page cache (one
 untimed read first), and reports wall time, CPU time (the process's own, a fairer figure on a
@@ -250,16 +251,33 @@ def build_run(path: Path, records: int, seed: int = 0) -> None:
     (path / "run.json").write_bytes(orjson.dumps(manifest))
 
 
+def index_shards(path: Path) -> int:
+    """Write the shard index sidecars a real run's writer leaves (run/shardindex.py), where
+    this eagledata has them and they are missing. Returns how many were written."""
+    try:
+        from eagledata.run.shardindex import build_index, index_path, write_index
+    except ImportError:
+        return 0
+    written = 0
+    for shard in sorted((path / "shards").glob("shard-*.jsonl")):
+        if not index_path(shard).is_file():
+            write_index(shard, build_index(shard))
+            written += 1
+    return written
+
+
 def ensure_run(base: Path, records: int) -> Path:
     path = base / f"run-{records}"
     try:
-        if orjson.loads((path / "run.json").read_bytes())["bench"]["records"] == records:
-            return path
+        fresh = orjson.loads((path / "run.json").read_bytes())["bench"]["records"] != records
     except (OSError, KeyError, orjson.JSONDecodeError):
-        pass
+        fresh = True
     began = time.perf_counter()
-    build_run(path, records)
-    print(f"built {path} in {time.perf_counter() - began:.0f} s", file=sys.stderr)
+    if fresh:
+        build_run(path, records)
+        print(f"built {path} in {time.perf_counter() - began:.0f} s", file=sys.stderr)
+    if indexed := index_shards(path):
+        print(f"indexed {indexed} shards of {path}", file=sys.stderr)
     return path
 
 
