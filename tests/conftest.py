@@ -80,11 +80,21 @@ def make_config(urls: list[str], out_dir: Path, **sections: dict[str, Any]) -> A
 
 
 def read_records(run_dir: Path) -> list[dict[str, Any]]:
+    # A run in progress may seal a journal (rename pending/ -> shards/) between the glob and the
+    # read: read again. It may also be mid-write: only whole lines are committed records.
+    for _ in range(20):
+        try:
+            return _read_records_once(run_dir)
+        except FileNotFoundError:
+            continue
+    return _read_records_once(run_dir)
+
+
+def _read_records_once(run_dir: Path) -> list[dict[str, Any]]:
     records = []
     for folder in ("shards", "pending"):
         for path in sorted((run_dir / folder).glob("shard-*.jsonl")):
             data = path.read_bytes()
-            # A run in progress may be mid-write: only whole lines are committed records.
             whole = data[: data.rfind(b"\n") + 1]
             records.extend(orjson.loads(line) for line in whole.splitlines())
     return records
