@@ -47,11 +47,11 @@ from eagledata.capacity.planner import (
     CONCURRENT_REQUEST_TOKENS,
     MAX_RUNNING_HEADROOM,
     PlanRow,
-    decode_tok_s,
     plan_deployment,
     plan_profile,
     plan_profiles,
 )
+from eagledata.capacity.stepfit import decode_tok_s
 from eagledata.capacity.workload import REFERENCE_WORKLOAD, Workload
 
 __all__ = [

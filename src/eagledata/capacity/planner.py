@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict
 from eagledata.capacity.kv import KVModel
 from eagledata.capacity.memory import Deployment, kv_gib_per_rank, kv_tokens_per_rank
 from eagledata.capacity.speculative import AcceptOverride, SpecPlan, plan_speculative, spec_model
+from eagledata.capacity.stepfit import decode_tok_s
 from eagledata.capacity.workload import Workload
 from eagledata.server.profiles import BF16_KV_DTYPES, HardwareSection, Profile, ThroughputSection
 
@@ -23,13 +24,6 @@ MAX_RUNNING_HEADROOM = 1.2
 CLIENT_QUEUE_HEADROOM = 1.1
 """Recommended eagledata ``--concurrency`` = running target x this: a few requests wait in the
 server queue so a finished slot refills at once, without pushing the KV pool into retraction."""
-
-
-def decode_tok_s(running: float, throughput: ThroughputSection) -> float:
-    """Generated tok/s with ``running`` requests decoding (the two-run step-time fit)."""
-    if running <= 0:
-        return 0.0
-    return running / (throughput.step_base_s + throughput.step_per_request_s * running)
 
 
 class PlanRow(BaseModel):

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pydantic import BaseModel, ConfigDict
 
 from eagledata.capacity.memory import GIB
+from eagledata.capacity.stepfit import decode_tok_s
 from eagledata.server.profiles import Profile, ThroughputSection
 
 SPEEDUP_BATCHES = (8, 16, 32, 64, 128, 150)
@@ -170,7 +171,7 @@ def plan_speculative(
             "reference run's 0.93 start ran out of memory: lower --mem-fraction-static"
         )
     tok_s = model.tok_s(running, fit)
-    without = running / (fit.step_base_s + fit.step_per_request_s * running) if running else 0.0
+    without = decode_tok_s(running, fit)
     pessimistic = SpecModel(**{**model.__dict__, "accept_length": PESSIMISTIC_ACCEPT_LENGTH})
     source = override.source if override is not None else draft.accept_length_source
     plan = SpecPlan(
@@ -207,7 +208,7 @@ def plan_live_speculative(
 ) -> tuple[SpecPlan, float]:
     """The speculative part of a running server's row (its draft memory is already spent)."""
     tok_s = model.tok_s(running, fit)
-    without = running / (fit.step_base_s + fit.step_per_request_s * running) if running else 0.0
+    without = decode_tok_s(running, fit)
     pessimistic = SpecModel(**{**model.__dict__, "accept_length": PESSIMISTIC_ACCEPT_LENGTH})
     plan = SpecPlan(
         algorithm=algorithm,
