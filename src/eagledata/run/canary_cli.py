@@ -32,17 +32,9 @@ def record_baseline(config: AppConfig, dataset_arg: str, out: Path) -> str:
 async def _record(config: AppConfig, dataset_arg: str, dataset: ResolvedDataset, out: Path) -> str:
     tokenizer = await asyncio.to_thread(PromptTokenizer, config.tokenizer)
     url = config.server.urls[0]
-    client = SGLangClient(
-        [url],
-        in_flight=config.canary.load_requests + 2,
-        connect_timeout_s=config.server.connect_timeout_s,
-        request_timeout_s=config.server.request_timeout_s,
-        api_key=SGLangClient.api_key_from_env(config.server.api_key_env),
-        api_key_env=config.server.api_key_env,
-    )
+    client = _client(config, url, in_flight=config.canary.load_requests + 2)
     async with client:
-        if not await client.health(url):
-            raise ServerUnavailableError(f"cannot reach {url}; start it or fix --server")
+        await _require_health(client, url)
         guard = KVGuard(
             client,
             expected_model=config.server.expected_model,
@@ -101,17 +93,9 @@ async def _score_against(
     config: AppConfig, baseline: Baseline, checks: int
 ) -> tuple[dict[str, Any], list[dict[str, float]]]:
     url = config.server.urls[0]
-    client = SGLangClient(
-        [url],
-        in_flight=4,
-        connect_timeout_s=config.server.connect_timeout_s,
-        request_timeout_s=config.server.request_timeout_s,
-        api_key=SGLangClient.api_key_from_env(config.server.api_key_env),
-        api_key_env=config.server.api_key_env,
-    )
+    client = _client(config, url, in_flight=4)
     async with client:
-        if not await client.health(url):
-            raise ServerUnavailableError(f"cannot reach {url}; start it or fix --server")
+        await _require_health(client, url)
         info = ServerFacts.from_server_info(await client.server_info(url))
         verdict = evaluate_kv_guard(
             info,
@@ -144,3 +128,20 @@ async def _score_against(
         "checks": results,
     }
     return body, stats_seen
+
+
+def _client(config: AppConfig, url: str, *, in_flight: int) -> SGLangClient:
+    """A client of the one server the canary command talks to, with the run's settings."""
+    return SGLangClient(
+        [url],
+        in_flight=in_flight,
+        connect_timeout_s=config.server.connect_timeout_s,
+        request_timeout_s=config.server.request_timeout_s,
+        api_key=SGLangClient.api_key_from_env(config.server.api_key_env),
+        api_key_env=config.server.api_key_env,
+    )
+
+
+async def _require_health(client: SGLangClient, url: str) -> None:
+    if not await client.health(url):
+        raise ServerUnavailableError(f"cannot reach {url}; start it or fix --server")
