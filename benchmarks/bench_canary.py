@@ -24,7 +24,8 @@ import httpx
 import numpy as np
 
 from eagledata.config import CanarySettings, resolve_bundled
-from eagledata.quality.canary import CanaryScorer, build_baseline
+from eagledata.quality.canary import build_baseline
+from eagledata.quality.canary_scorer import CanaryScorer
 from eagledata.quality.canary_stats import compare, fired
 from eagledata.server.client import SGLangClient
 from eagledata.simserver.config import SimConfig, resolve_model

@@ -19,7 +19,9 @@ import pytest
 from conftest import SAMPLES, eagledata_cmd, make_config, read_failures, read_records, sim_config
 from eagledata.config import AppConfig, CanarySettings
 from eagledata.errors import CanaryDriftError, ConfigError, ServerError
-from eagledata.quality.canary import Baseline, CanaryScorer, build_baseline
+from eagledata.quality.canary import build_baseline
+from eagledata.quality.canary_baseline import Baseline
+from eagledata.quality.canary_scorer import CanaryScorer
 from eagledata.quality.canary_stats import Scoring, compare, fired
 from eagledata.run import pipeline
 from eagledata.run.verify import run_status

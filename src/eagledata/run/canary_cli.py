@@ -12,7 +12,9 @@ import orjson
 
 from eagledata.config import AppConfig
 from eagledata.errors import ServerUnavailableError
-from eagledata.quality.canary import Baseline, CanaryScorer, build_baseline
+from eagledata.quality.canary import build_baseline
+from eagledata.quality.canary_baseline import Baseline
+from eagledata.quality.canary_scorer import CanaryScorer
 from eagledata.quality.canary_stats import compare, fired
 from eagledata.run.canary_setup import canary_prompts
 from eagledata.run.dataset import ResolvedDataset, resolve_dataset

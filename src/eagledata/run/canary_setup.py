@@ -15,7 +15,9 @@ from typing import Any
 
 from eagledata.config import AppConfig
 from eagledata.errors import ConfigError
-from eagledata.quality.canary import Baseline, CanaryMonitor, CanaryScorer, LineLog, build_baseline
+from eagledata.quality.canary import CanaryMonitor, LineLog, build_baseline
+from eagledata.quality.canary_baseline import Baseline
+from eagledata.quality.canary_scorer import CanaryScorer
 from eagledata.run.dataset import ResolvedDataset
 from eagledata.run.holding import HoldAndRelease
 from eagledata.run.manifest import RunDir

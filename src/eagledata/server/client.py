@@ -283,7 +283,7 @@ class SGLangClient:
             f"variable named by server.api_key_env ({self._api_key_env})"
         )
 
-    # --- the canary (quality/canary.py): raw answers from one named server -----------------
+    # --- the canary (quality/canary_scorer.py): raw answers from one named server -----------------
 
     @property
     def _canary(self) -> httpx.AsyncClient:

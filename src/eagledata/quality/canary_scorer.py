@@ -1,0 +1,202 @@
+"""The canary's requests: warm, score and probe one named server, and parse what comes back.
+
+The protocol (warm-up, scoring from ``logprob_start_len``, greedy probes, why a cold prefill is
+blind to the pooled KV) is described in ``canary``; this module speaks it through the client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from eagledata.errors import ServerError, ServerUnavailableError
+from eagledata.quality.canary_baseline import CanarySet
+from eagledata.quality.canary_stats import Scoring
+from eagledata.server.client import SGLangClient, new_rid
+
+PAGE_SLACK = 16
+"""A cache hit may stop short of the prompt's end by up to a page (SGLang's ``page_size``)."""
+RETRIES = 6
+
+
+@dataclass
+class Measured:
+    """One scoring and what it cost."""
+
+    scoring: Scoring
+    requests: int = 0
+    prompt_tokens: int = 0
+    seconds: float = 0.0
+    cold: int = 0
+    """References scored without their prompt in the cache (blind to the pooled KV)."""
+    mismatch: str | None = None
+
+
+class CanaryScorer:
+    """Sends the canary's requests to one named server and parses what comes back."""
+
+    def __init__(self, client: SGLangClient) -> None:
+        self.client = client
+
+    async def _post(self, url: str, body: dict[str, Any], counter: Measured) -> dict[str, Any]:
+        """One request, tried again on a transient failure (503, 5xx, a reset): a busy server
+        is not a drifted one. Past ``RETRIES`` the server is unavailable for this check."""
+        for attempt in range(RETRIES):
+            counter.requests += 1
+            counter.prompt_tokens += len(body["input_ids"])
+            try:
+                return await self.client.post_generate(url, {**body, "rid": new_rid()})
+            except ServerUnavailableError:
+                if attempt == RETRIES - 1:
+                    raise
+                await asyncio.sleep(min(2.0, 0.05 * 2**attempt))
+        raise AssertionError("unreachable")
+
+    async def sample_set(
+        self,
+        url: str,
+        prompts: list[list[int]],
+        *,
+        reference_tokens: int,
+        probes: int,
+        probe_tokens: int,
+        top_k: int,
+    ) -> CanarySet:
+        """Reference continuations sampled at temperature 1 (the model's own distribution)."""
+        counter = Measured(Scoring(np.zeros(0), np.zeros((0, 0)), np.zeros((0, 0))))
+        params = {
+            "max_new_tokens": reference_tokens,
+            "temperature": 1.0,
+            "top_p": 1.0,
+            "ignore_eos": True,
+        }
+
+        async def one(prompt: list[int]) -> tuple[list[int], list[int]]:
+            answer = await self._post(
+                url, {"input_ids": prompt, "sampling_params": params}, counter
+            )
+            ids = answer.get("output_ids")
+            if not isinstance(ids, list) or len(ids) < 2:
+                raise ServerError(f"{url}: a canary reference came back without output ids")
+            return prompt, [int(t) for t in ids]
+
+        references = list(await asyncio.gather(*(one(p) for p in prompts)))
+        return CanarySet(references, [p for p in prompts[:probes]], top_k, probe_tokens)
+
+    async def score(self, url: str, canary: CanarySet, *, warm: bool = True) -> Measured:
+        """One canary run: every reference warmed then scored, and the greedy probes. The
+        references go concurrently (each one's warm-up before its own scoring): a few seconds of
+        prefill on a real server, whatever its latency per request."""
+        started = time.monotonic()
+        measured = Measured(Scoring(np.zeros(0), np.zeros((0, 0)), np.zeros((0, 0))))
+
+        async def one(
+            prompt: list[int], reference: list[int]
+        ) -> tuple[np.ndarray, list[int], np.ndarray, np.ndarray, int]:
+            if warm:
+                await self._post(
+                    url, {"input_ids": prompt, "sampling_params": {"max_new_tokens": 0}}, measured
+                )
+            answer = await self._post(
+                url,
+                {
+                    "input_ids": prompt + reference,
+                    "return_logprob": True,
+                    "logprob_start_len": len(prompt) - 1,
+                    "top_logprobs_num": canary.top_k,
+                    "sampling_params": {"max_new_tokens": 0},
+                },
+                measured,
+            )
+            return _parse_scored(url, answer, prompt, reference, canary)
+
+        async def probe(prompt: list[int]) -> list[int]:
+            params = {"max_new_tokens": canary.probe_tokens, "temperature": 0.0, "ignore_eos": True}
+            answer = await self._post(
+                url, {"input_ids": prompt, "sampling_params": params}, measured
+            )
+            return [int(t) for t in answer.get("output_ids") or []]
+
+        scored = await asyncio.gather(*(one(p, r) for p, r in canary.references))
+        greedy = list(await asyncio.gather(*(probe(p) for p in canary.probes)))
+        for (prompt, reference), (_, ids, _, _, cached) in zip(
+            canary.references, scored, strict=True
+        ):
+            if ids != reference and measured.mismatch is None:
+                at = next(i for i, (a, b) in enumerate(zip(ids, reference, strict=True)) if a != b)
+                measured.mismatch = (
+                    f"token mismatch: scored id {ids[at]} where the reference has {reference[at]} "
+                    f"(position {at})"
+                )
+            if cached < len(prompt) - 1 - PAGE_SLACK:
+                measured.cold += 1
+        measured.scoring = Scoring(
+            np.concatenate([s[0] for s in scored]),
+            np.concatenate([s[2] for s in scored]),
+            np.concatenate([s[3] for s in scored]),
+            greedy,
+        )
+        measured.seconds = time.monotonic() - started
+        return measured
+
+    async def score_under_load(self, url: str, canary: CanarySet, requests: int) -> Measured:
+        """A scoring while ``requests`` sampled generations run beside it: batch noise as
+        production sees it, without production's results (canary traffic is never data)."""
+        stop = asyncio.Event()
+        params = {"max_new_tokens": len(canary.references[0][1]), "temperature": 1.0}
+        prompts = [p for p, _ in canary.references]
+
+        async def load(index: int) -> None:
+            while not stop.is_set():
+                prompt = prompts[index % len(prompts)]
+                body = {"input_ids": prompt, "sampling_params": params, "rid": new_rid()}
+                with contextlib.suppress(ServerError):
+                    await self.client.post_generate(url, body)
+                index += requests
+
+        async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(load(i)) for i in range(requests)]
+            await asyncio.sleep(0)
+            try:
+                measured = await self.score(url, canary)
+            finally:
+                stop.set()
+                for task in tasks:
+                    task.cancel()
+        return measured
+
+
+def _parse_scored(
+    url: str, answer: dict[str, Any], prompt: list[int], reference: list[int], canary: CanarySet
+) -> tuple[np.ndarray, list[int], np.ndarray, np.ndarray, int]:
+    meta = answer.get("meta_info")
+    triples = meta.get("input_token_logprobs") if isinstance(meta, dict) else None
+    if not isinstance(meta, dict) or not isinstance(triples, list) or not triples:
+        raise ServerError(
+            f"{url} returned no logprobs (meta_info.input_token_logprobs); the canary needs "
+            "SGLang's return_logprob: point --server at the SGLang server itself, or run with "
+            "--no-canary"
+        )
+    if len(triples) != len(reference) + 1 or triples[0][0] is not None:
+        raise ServerError(
+            f"{url}: the canary asked for {len(reference) + 1} input logprobs from "
+            f"logprob_start_len {len(prompt) - 1} and got {len(triples)}; this SGLang version "
+            "scores prompts differently: run with --no-canary and report it"
+        )
+    lp = np.asarray([t[0] for t in triples[1:]], dtype=np.float64)
+    ids = [int(t[1]) for t in triples[1:]]
+    k = canary.top_k
+    top_ids = np.zeros((len(reference), k), dtype=np.int64)
+    top_lps = np.full((len(reference), k), -1e9)
+    tops = meta.get("input_top_logprobs")
+    if k and isinstance(tops, list) and len(tops) == len(triples):
+        for row, entries in enumerate(tops[1:]):
+            for col, entry in enumerate((entries or [])[:k]):
+                top_lps[row, col], top_ids[row, col] = float(entry[0]), int(entry[1])
+    cached = meta.get("cached_tokens")
+    return lp, ids, top_ids, top_lps, int(cached) if isinstance(cached, int) else 0
