@@ -1,0 +1,93 @@
+"""A session's first contact with its servers, before any production request.
+
+Reach every server, check it (invariant 2: the KV guard), derive the prompt length limit from what
+the servers report, and set the load controller over them (routers read through their workers).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from eagledata.config import AppConfig
+from eagledata.errors import EagledataError, ServerRefusedError, ServerUnavailableError
+from eagledata.run.loadcontrol import LoadController, ServerPlan
+from eagledata.run.manifest import RunDir
+from eagledata.run.progress import Progress
+from eagledata.run.telemetry import TelemetryLog
+from eagledata.run.tokenization import LengthLimit
+from eagledata.server.client import SGLangClient
+from eagledata.server.guard import KVGuard
+
+
+async def first_contact(
+    client: SGLangClient,
+    guard: KVGuard,
+    config: AppConfig,
+    run_dir: RunDir,
+    expected_model: str | None,
+) -> LengthLimit:
+    """Reach every server, check it (invariant 2), and derive the prompt length limit."""
+    reachable = [endpoint for endpoint in client.endpoints if await client.health(endpoint.url)]
+    for endpoint in client.endpoints:
+        endpoint.healthy = endpoint in reachable
+    if not reachable:
+        urls = ", ".join(endpoint.url for endpoint in client.endpoints)
+        raise ServerUnavailableError(
+            f"cannot reach an SGLang server at {urls}; start one (eagledata launch-server) "
+            "or fix --server"
+        )
+    try:
+        facts = [await guard.check(endpoint.url) for endpoint in reachable]
+    except ServerRefusedError as refused:
+        raise _name_the_model_setting(refused, config, run_dir, expected_model) from None
+    input_limits = [f.max_req_input_len for f in facts if f.max_req_input_len is not None]
+    contexts = [f.context_length for f in facts if f.context_length is not None]
+    return LengthLimit.combine(
+        configured_cap=config.generation.max_prompt_tokens,
+        max_req_input_len=min(input_limits, default=None),
+        context_length=min(contexts, default=None),
+        max_new_tokens=config.generation.max_new_tokens,
+    )
+
+
+async def load_controller(
+    client: SGLangClient,
+    guard: KVGuard,
+    config: AppConfig,
+    fixed: int | None,
+    telemetry: TelemetryLog,
+    progress: Progress,
+) -> LoadController:
+    """The load controller over every server, routers read through their workers."""
+    load = LoadController(
+        client,
+        config.load,
+        fixed=fixed,
+        max_new_tokens=config.generation.max_new_tokens,
+        telemetry=telemetry,
+        note=lambda message: progress.note(message),
+    )
+    for endpoint in client.endpoints:
+        workers = None
+        if endpoint.healthy:
+            with contextlib.suppress(EagledataError):
+                workers = await client.router_workers(endpoint.url)
+        load.add_server(ServerPlan(endpoint.url, guard.facts.get(endpoint.url), workers))
+    return load
+
+
+def _name_the_model_setting(
+    refused: ServerRefusedError, config: AppConfig, run_dir: RunDir, expected: str | None
+) -> ServerRefusedError:
+    """A refusal for serving another model says which setting asked for the model."""
+    if expected is None or f"expected {expected!r}" not in str(refused):
+        return refused
+    if run_dir.exists():
+        where = f"frozen in {run_dir.run_json} when the run started"
+        fix = f"point --server at a server of {expected}, or start a new run with --out"
+    else:
+        where = f"in {config.source}" if config.source else "in the config"
+        fix = f"serve {expected}, or change server.expected_model {where} (or pass --config)"
+    return ServerRefusedError(
+        f"{refused}; server.expected_model is {expected!r}, {where}. Fix: {fix}"
+    )
