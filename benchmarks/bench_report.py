@@ -13,7 +13,7 @@ busy machine) and peak RSS (VmHWM):
 
 - ``records``: the report's record reader (``report.records_scan.scan_records``) alone;
 - ``full parse``: the same lines through ``orjson.loads``, what a naive reader pays;
-- ``status``: ``run.verify.run_status``, the function behind ``eagledata status`` (the headline);
+- ``status``: ``run.status.run_status``, the function behind ``eagledata status`` (the headline);
 - ``report``: the whole ``eagledata report`` (gather, draw, write), as the CLI runs it.
 
     python benchmarks/bench_report.py                      # 22k and 88k records, ~10 minutes
@@ -49,7 +49,7 @@ MEASURE = {
     "n = scan_records(RUN).records",
     "full parse": "import orjson\nfrom eagledata.report.records_scan import committed_lines\n"
     "n = sum(1 for line in committed_lines(RUN) if orjson.loads(line))",
-    "status": "from eagledata.run.verify import run_status\nn = run_status(RUN).written",
+    "status": "from eagledata.run.status import run_status\nn = run_status(RUN).written",
     "report": "from eagledata.report import build_report\n"
     "build_report(RUN)\nn = len(RUN.joinpath('report.html').read_bytes())",
 }

@@ -24,7 +24,7 @@ from eagledata.quality.canary_baseline import Baseline
 from eagledata.quality.canary_scorer import CanaryScorer
 from eagledata.quality.canary_stats import Scoring, compare, fired
 from eagledata.run import pipeline
-from eagledata.run.verify import run_status
+from eagledata.run.status import run_status
 from eagledata.server.client import SGLangClient
 from eagledata.simserver import SimServerThread
 

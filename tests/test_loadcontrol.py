@@ -22,8 +22,9 @@ from eagledata.capacity.controller import (
 from eagledata.config import LoadSettings
 from eagledata.run import pipeline
 from eagledata.run.loadcontrol import LoadController, ServerPlan
+from eagledata.run.status import latest_load
 from eagledata.run.telemetry import ROTATED_FILE, TelemetryLog, read_telemetry
-from eagledata.run.verify import latest_load, verify_run
+from eagledata.run.verify import verify_run
 from eagledata.server.client import SGLangClient
 from eagledata.simserver import SimServerThread, expected_output
 

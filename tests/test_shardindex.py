@@ -33,7 +33,8 @@ from eagledata.run.shardindex import (
     index_path,
     load_index,
 )
-from eagledata.run.verify import run_status, verify_run
+from eagledata.run.status import run_status
+from eagledata.run.verify import verify_run
 from eagledata.simserver import SimServerThread
 
 DATASET = str(SAMPLES / "sharegpt.jsonl")  # 40 rows

@@ -20,7 +20,7 @@ from eagledata.capacity.speculative import SPEEDUP_BATCHES, SpecModel
 from eagledata.cli import app
 from eagledata.errors import CanaryDriftError, ConfigError, LaunchError
 from eagledata.run import pipeline
-from eagledata.run.verify import run_status
+from eagledata.run.status import run_status
 from eagledata.server.launch import build_launch_command
 from eagledata.server.loads import parse_metrics, parse_v1_loads
 from eagledata.server.profiles import ThroughputSection, load_profiles, parse_profile

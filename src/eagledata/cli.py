@@ -152,7 +152,7 @@ def status(
     ] = False,
 ) -> None:
     """Planned, written, failed, skipped and left; tokens; rate; ETA; flags and canary."""
-    from eagledata.run.verify import run_status
+    from eagledata.run.status import run_status
 
     report = guarded(lambda: run_status(run_dir))
     if as_json:

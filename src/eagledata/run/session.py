@@ -28,9 +28,9 @@ from eagledata.run.progress import Progress, Summary
 from eagledata.run.records import make_record
 from eagledata.run.scheduler import RetryPolicy, Scheduler
 from eagledata.run.signals import first_fatal, stop_on_signals
+from eagledata.run.status import canary_line, canary_summary
 from eagledata.run.telemetry import TelemetryLog
 from eagledata.run.tokenization import PromptTokenizer
-from eagledata.run.verify import canary_line, canary_summary
 from eagledata.run.workplan import Outcome, WorkItem, WorkPlan
 from eagledata.run.writer import FailureLog, Journal, ShardWriter
 from eagledata.server.client import SGLangClient

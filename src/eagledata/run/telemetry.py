@@ -3,7 +3,7 @@
 One JSON line per lane (a server, or one DP rank of it) per sample, in the schema of
 ``docs/run-directory.md``. When the file passes ``max_bytes`` it becomes ``telemetry.1.jsonl``
 (replacing the previous one) and a new file starts: at most twice ``max_bytes`` on disk however
-long the run. ``status`` reads the last whole line per server (``run/verify.py``).
+long the run. ``status`` reads the last whole line per server (``run/status.py``).
 """
 
 from __future__ import annotations

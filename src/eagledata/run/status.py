@@ -1,0 +1,253 @@
+"""``eagledata status``: a run's counts, rates, quality, canary and latest load.
+
+It reads committed data only and writes nothing: a shard index it cannot trust is rebuilt in
+memory; the next ``resume`` (which holds the run's lock) writes it back. The session's summary
+line reuses the canary's line from here; ``verify`` (checking the data itself) is in ``verify``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from eagledata.run.manifest import RunDir, RunTotals, scan_totals
+from eagledata.run.writer import iter_jsonl_lines
+
+
+@dataclass(frozen=True)
+class StatusReport:
+    run_dir: str
+    planned: int | None
+    plan_complete: bool
+    written: int
+    failed: int
+    skipped: int
+    prompt_tokens: int
+    completion_tokens: int
+    recent_tok_per_s: float
+    recent_rec_per_s: float
+    failure_reasons: dict[str, int]
+    quality: str
+    overall_tok_per_s: float = 0.0
+    finish_reasons: dict[str, int] = field(default_factory=dict)
+    flags: dict[str, int] = field(default_factory=dict)
+    canary: dict[str, Any] = field(default_factory=dict)
+    load: dict[str, Any] | None = None
+    speculative: str | None = None
+    """Measured speculative acceptance length, when records carry verify counts."""
+    speculative_json: dict[str, Any] | None = None
+
+    @property
+    def left(self) -> int | None:
+        if self.planned is None:
+            return None
+        return max(self.planned - self.written - self.failed - self.skipped, 0)
+
+    @property
+    def eta_s(self) -> float | None:
+        if self.left is None or self.recent_rec_per_s <= 0:
+            return None
+        return self.left / self.recent_rec_per_s
+
+    def render(self) -> str:
+        planned = "?" if self.planned is None else f"{self.planned:,}"
+        if self.planned is not None and not self.plan_complete:
+            planned += " (estimate)"
+        left = "?" if self.left is None else f"{self.left:,}"
+        eta = "?" if self.eta_s is None else _duration(self.eta_s)
+        lines = [
+            f"run:      {self.run_dir}",
+            f"planned:  {planned}",
+            f"written:  {self.written:,}",
+            f"failed:   {self.failed:,}" + _reasons(self.failure_reasons),
+            f"skipped:  {self.skipped:,}",
+            f"left:     {left}",
+            f"tokens:   {self.prompt_tokens:,} prompt, {self.completion_tokens:,} output",
+            f"quality:  {self.quality}",
+            f"canary:   {canary_line(self.canary)}",
+            f"rate:     {self.recent_tok_per_s:,.1f} output tok/s, "
+            f"{self.recent_rec_per_s * 3600:,.0f} records/h (last 10 min)",
+            f"eta:      {eta}",
+        ]
+        if self.speculative is not None:
+            lines.append(f"spec:     {self.speculative}")
+        lines += [f"load:     {_load_line(entry)}" for entry in (self.load or {}).values()]
+        return "\n".join(lines)
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``status --json`` object (docs/run-directory.md)."""
+        return {
+            "run_dir": self.run_dir,
+            "planned": self.planned,
+            "plan_complete": self.plan_complete,
+            "written": self.written,
+            "failed": self.failed,
+            "skipped": self.skipped,
+            "left": self.left,
+            "prompt_tokens": self.prompt_tokens,
+            "output_tokens": self.completion_tokens,
+            "tok_s": {"overall": self.overall_tok_per_s, "recent": self.recent_tok_per_s},
+            "eta_s": self.eta_s,
+            "finish_reasons": dict(self.finish_reasons),
+            "failure_reasons": dict(self.failure_reasons),
+            "quality": {"flags": dict(self.flags), "canary": dict(self.canary)},
+            "load": self.load,
+            "speculative": self.speculative_json,
+        }
+
+
+def canary_line(canary: dict[str, Any]) -> str:
+    """``off (--no-canary)``, or the checks so far and the last verdict."""
+    if not canary.get("enabled"):
+        return "off (--no-canary)" if canary.get("disabled_by_flag") else "off"
+    checks = canary.get("checks", 0)
+    line = (
+        f"{checks:,} checks, {canary.get('passed', 0):,} passed, {canary.get('failed', 0):,} failed"
+    )
+    last = canary.get("last")
+    if isinstance(last, dict):
+        line += f"; last: {last.get('verdict')} ({last.get('trigger')}, {last.get('server')})"
+        if last.get("reason"):
+            line += f": {last['reason']}"
+    return line
+
+
+def canary_summary(path: Path, manifest: dict[str, Any]) -> dict[str, Any]:
+    """``{"enabled", "checks", "passed", "failed", "baseline", "last"}`` from run.json and
+    ``quality.jsonl``. ``checks`` counts every canary check after the baseline runs."""
+    setting = manifest.get("canary")
+    enabled = bool(setting.get("enabled")) if isinstance(setting, dict) else False
+    summary: dict[str, Any] = {
+        "enabled": enabled,
+        "disabled_by_flag": isinstance(setting, dict) and not enabled,
+        "checks": 0,
+        "passed": 0,
+        "failed": 0,
+        "errors": 0,
+        "fired": 0,
+        "baseline": 0,
+        "last": None,
+    }
+    ledger = path / "quality.jsonl"
+    if not ledger.is_file():
+        return summary
+    for line in iter_jsonl_lines(ledger):
+        try:
+            entry = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            continue
+        if not isinstance(entry, dict):
+            continue
+        if entry.get("kind") == "baseline":
+            summary["baseline"] += 1
+            continue
+        summary["checks"] += 1
+        verdict = entry.get("verdict")
+        if verdict == "pass":
+            summary["passed"] += 1
+        elif verdict == "error":
+            summary["errors"] += 1
+        elif verdict == "fired":  # past a threshold once; its immediate rerun decided
+            summary["fired"] += 1
+        else:
+            summary["failed"] += 1
+        summary["last"] = entry
+    return summary
+
+
+TELEMETRY_TAIL_BYTES = 256 * 1024
+
+
+def latest_load(path: Path) -> dict[str, Any] | None:
+    """The latest ``telemetry.jsonl`` sample per server (read from the file's tail only)."""
+    telemetry = path / "telemetry.jsonl"
+    if not telemetry.is_file():
+        return None
+    with telemetry.open("rb") as handle:
+        size = handle.seek(0, 2)
+        handle.seek(max(0, size - TELEMETRY_TAIL_BYTES))
+        data = handle.read()
+    if size > TELEMETRY_TAIL_BYTES:
+        data = data[data.find(b"\n") + 1 :]  # the first line read is probably cut
+    data = data[: data.rfind(b"\n") + 1]  # whole lines only
+    latest: dict[str, Any] = {}
+    for line in data.splitlines():
+        try:
+            sample = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            continue
+        if isinstance(sample, dict) and isinstance(sample.get("server"), str):
+            latest[sample["server"]] = sample
+    return latest or None
+
+
+def _load_line(entry: dict[str, Any]) -> str:
+    """One server's latest sample: what its operator would read in the server log."""
+    server = str(entry.get("server"))
+    if entry.get("rank") is not None:
+        server += f" rank {entry['rank']}"
+    usage = entry.get("token_usage")
+    parts = [
+        "kv ?" if usage is None else f"kv {100 * usage:.0f}%",
+        f"running {entry.get('num_running_reqs', '?')}",
+        f"queued {entry.get('num_queue_reqs', '?')}",
+    ]
+    if entry.get("gen_throughput") is not None:
+        parts.append(f"{entry['gen_throughput']:,.0f} tok/s")
+    parts.append(f"in flight {entry.get('in_flight', '?')} (target {entry.get('target', '?')})")
+    parts.append(f"retractions seen {entry.get('num_retracted_reqs', 0)}")
+    age = time.time() - float(entry.get("time") or 0)
+    return f"{server}: " + ", ".join(parts) + f" ({_duration(max(0.0, age))} ago)"
+
+
+def _reasons(reasons: dict[str, int]) -> str:
+    if not reasons:
+        return ""
+    return " (" + ", ".join(f"{name} {count}" for name, count in sorted(reasons.items())) + ")"
+
+
+def _duration(seconds: float) -> str:
+    hours, rest = divmod(int(seconds), 3600)
+    return f"{hours}h{rest // 60:02d}m" if hours else f"{rest // 60}m{rest % 60:02d}s"
+
+
+def run_status(path: Path, window_s: float = 600.0) -> StatusReport:
+    run_dir = RunDir(path)
+    manifest = run_dir.read()
+    totals = scan_totals(path, recent_window_s=window_s)
+    now = time.time()
+    tokens = sum(count for _, count in totals.recent)
+    span = min(window_s, now - min((t for t, _ in totals.recent), default=now))
+    span = max(span, 1.0)
+    return StatusReport(
+        run_dir=str(path),
+        planned=run_dir.planned(),
+        plan_complete=(path / "plan.json").is_file(),
+        written=totals.written,
+        failed=totals.failed,
+        skipped=totals.skipped,
+        prompt_tokens=totals.prompt_tokens,
+        completion_tokens=totals.completion_tokens,
+        recent_tok_per_s=tokens / span if totals.recent else 0.0,
+        recent_rec_per_s=len(totals.recent) / span if totals.recent else 0.0,
+        failure_reasons=totals.failure_reasons,
+        quality=totals.quality_line(),
+        overall_tok_per_s=_overall_rate(totals.completion_tokens, totals),
+        finish_reasons=totals.finish_reasons,
+        flags=totals.flags,
+        canary=canary_summary(path, manifest),
+        load=latest_load(path),
+        speculative=totals.acceptance.line(),
+        speculative_json=totals.acceptance.to_json(),
+    )
+
+
+def _overall_rate(tokens: int, totals: RunTotals) -> float:
+    """Output tokens over the span from the first to the last record's completion."""
+    if totals.first_created is None or totals.last_created is None:
+        return 0.0
+    return tokens / max(totals.last_created - totals.first_created, 1.0)
