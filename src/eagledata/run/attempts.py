@@ -19,7 +19,8 @@ from eagledata.run.records import failure_entry
 from eagledata.run.scheduler import RetryPolicy
 from eagledata.run.workplan import WorkItem
 from eagledata.run.writer import FailureLog
-from eagledata.server.client import QueueFullError, ServerDownError, SGLangClient, new_rid
+from eagledata.server.answers import QueueFullError, ServerDownError
+from eagledata.server.client import SGLangClient, new_rid
 
 
 class ItemSender:

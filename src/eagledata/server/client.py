@@ -1,24 +1,20 @@
 """Step 5: the only module that speaks HTTP to SGLang.
 
-* Connections are sharded over many small ``httpx.AsyncClient`` pools: a pool's per-request cost
-  grows with its size (DESIGN.md, HTTP; ``benchmarks/bench_client.py``), so each server gets
-  ``ceil(in_flight / connections_per_pool)`` pools of its own, and a request goes to the least
-  loaded. Per server, so that a pool never closes one server's idle connection to open another's.
+* Connections are sharded over many small ``httpx.AsyncClient`` pools, per server (``pools``:
+  why, and how many), and a request goes to the least loaded.
 * Work goes to the healthy server with the fewest requests in flight from us.
 * Every response is checked against the token contract (``responses``) before it becomes a
   ``GenerateResult``.
-* httpx exceptions are translated here, by type and status code, never by message text, into the
-  error tree: ``RetryableItemError`` (try again), ``RejectedRequestError`` (the request itself is
-  bad), ``ServerError`` (the run cannot go on).
+* httpx exceptions are translated here, by type, never by message text, into the error tree;
+  status codes and bodies are read by ``answers``: ``RetryableItemError`` (try again),
+  ``RejectedRequestError`` (the request itself is bad), ``ServerError`` (the run cannot go on).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import os
-import ssl
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -27,13 +23,13 @@ from typing import Any
 import httpx
 import orjson
 
-from eagledata.errors import (
-    ContractViolationError,
-    ItemError,
-    RejectedRequestError,
-    RetryableItemError,
-    ServerError,
-    ServerUnavailableError,
+from eagledata.errors import ItemError, RetryableItemError, ServerError, ServerUnavailableError
+from eagledata.server.answers import (
+    ServerDownError,
+    auth_error,
+    canary_answer,
+    generate_answer,
+    router_worker_urls,
 )
 
 # Re-exported: callers that hold a client also name its results and request ids from here.
@@ -44,34 +40,10 @@ from eagledata.server.loads import (
     parse_v1_loads,
     with_retractions,
 )
+from eagledata.server.pools import Pools
 from eagledata.server.responses import GenerateResult as GenerateResult
-from eagledata.server.responses import error_message
 from eagledata.server.responses import new_rid as new_rid
 from eagledata.server.responses import parse_generate_item as parse_generate_item
-
-
-class ServerDownError(RetryableItemError):
-    """The server did not accept a connection. Not the item's fault: it does not use an attempt."""
-
-    reason = "server_down"
-
-
-class QueueFullError(RetryableItemError):
-    """HTTP 503: the server's waiting queue is full (``--max-queued-requests``). The server's
-    backpressure, not the item's fault: it does not use an attempt (``run/attempts.py``)."""
-
-    reason = "http_503"
-
-
-class _Shard:
-    """One server's generation pools and the requests each holds (the load)."""
-
-    def __init__(self, pools: list[httpx.AsyncClient]) -> None:
-        self.pools = pools
-        self.load = [0] * len(pools)
-
-    def pick(self) -> int:
-        return self.load.index(min(self.load))
 
 
 @dataclass(slots=True)
@@ -105,15 +77,14 @@ class SGLangClient:
         if not urls:
             raise ServerError("no server URL given; pass --server URL")
         self.endpoints = [Endpoint(url.rstrip("/")) for url in urls]
-        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._api_key_env = api_key_env
-        self._timeout = httpx.Timeout(connect_timeout_s, read=request_timeout_s, pool=None)
-        self._pool_size = max(1, min(connections_per_pool, in_flight))
-        self._pool_count = max(1, math.ceil(in_flight / self._pool_size))
-        self._shards: dict[str, _Shard] = {}
-        self._control_pool: httpx.AsyncClient | None = None
-        self._canary_pool: httpx.AsyncClient | None = None
-        self._tls: ssl.SSLContext | None = None
+        self._pools = Pools(
+            in_flight=in_flight,
+            connections_per_pool=connections_per_pool,
+            connect_timeout_s=connect_timeout_s,
+            request_timeout_s=request_timeout_s,
+            headers={"Authorization": f"Bearer {api_key}"} if api_key else {},
+        )
         self._health_poll_s = health_poll_s
         self._recovering = asyncio.Lock()
         self._missing_load_routes: dict[str, set[str]] = {}
@@ -123,48 +94,11 @@ class SGLangClient:
         return os.environ.get(variable) or None
 
     async def __aenter__(self) -> SGLangClient:
-        # One TLS context for all pools: each AsyncClient would otherwise load the CA bundle anew
-        # (~16 ms each, and there may be hundreds of pools).
-        self._tls = httpx.create_ssl_context()
-        # One small extra pool for control calls so they never queue behind generations.
-        self._control_pool = httpx.AsyncClient(
-            timeout=httpx.Timeout(30.0), headers=self._headers, verify=self._tls
-        )
-        for endpoint in self.endpoints:
-            self._shard(endpoint.url)
+        self._pools.open(endpoint.url for endpoint in self.endpoints)
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
-        pools = [pool for shard in self._shards.values() for pool in shard.pools]
-        pools.extend(pool for pool in (self._control_pool, self._canary_pool) if pool is not None)
-        self._shards, self._control_pool, self._canary_pool = {}, None, None
-        await asyncio.gather(*(pool.aclose() for pool in pools), return_exceptions=True)
-
-    @property
-    def _control(self) -> httpx.AsyncClient:
-        if self._control_pool is None:
-            raise RuntimeError("SGLangClient used outside 'async with'")
-        return self._control_pool
-
-    def _shard(self, url: str) -> _Shard:
-        """The generation pools of one server, opened on first use."""
-        shard = self._shards.get(url)
-        if shard is None:
-            if self._control_pool is None or self._tls is None:
-                raise RuntimeError("SGLangClient used outside 'async with'")
-            limits = httpx.Limits(
-                max_connections=self._pool_size, max_keepalive_connections=self._pool_size
-            )
-            headers = {**self._headers, "Content-Type": "application/json"}
-            shard = self._shards[url] = _Shard(
-                [
-                    httpx.AsyncClient(
-                        limits=limits, timeout=self._timeout, headers=headers, verify=self._tls
-                    )
-                    for _ in range(self._pool_count)
-                ]
-            )
-        return shard
+        await self._pools.close()
 
     def pick_endpoint(self) -> Endpoint:
         healthy = [endpoint for endpoint in self.endpoints if endpoint.healthy]
@@ -221,7 +155,7 @@ class SGLangClient:
         rid: str,
         dp_rank: int | None = None,
     ) -> GenerateResult:
-        shard = self._shard(endpoint.url)
+        shard = self._pools.shard(endpoint.url)
         pool_index = shard.pick()
         request: dict[str, Any] = {
             "input_ids": input_ids,
@@ -253,51 +187,11 @@ class SGLangClient:
         finally:
             endpoint.in_flight -= 1
             shard.load[pool_index] -= 1
-        return self._parse_response(response, input_ids, rid, endpoint)
-
-    def _parse_response(
-        self, response: httpx.Response, input_ids: list[int], rid: str, endpoint: Endpoint
-    ) -> GenerateResult:
-        status = response.status_code
-        if status == 200:
-            try:
-                item = orjson.loads(response.content)
-            except orjson.JSONDecodeError:
-                raise ContractViolationError("response body is not JSON") from None
-            return parse_generate_item(item, input_ids, rid, endpoint.url)
-        message = error_message(response.content)
-        if status in (401, 403):
-            raise self._auth_error(endpoint.url, status)
-        if status == 404:
-            raise ServerError(f"{endpoint.url} has no /generate route; is it an SGLang server?")
-        if status == 503:
-            raise QueueFullError(f"HTTP 503: {message}")
-        if status >= 500 or status == 429:
-            raise RetryableItemError(f"HTTP {status}: {message}", reason=f"http_{status}")
-        raise RejectedRequestError(f"HTTP {status}: {message}", reason=f"http_{status}")
-
-    def _auth_error(self, url: str, status: int) -> ServerError:
-        """SGLang's ``--api-key`` answers 401 on every route but /health and /metrics."""
-        return ServerError(
-            f"{url} refused the API key (HTTP {status}); set the right key in the environment "
-            f"variable named by server.api_key_env ({self._api_key_env})"
+        return generate_answer(
+            response.status_code, response.content, input_ids, rid, endpoint.url, self._api_key_env
         )
 
-    # --- the canary (quality/canary_scorer.py): raw answers from one named server -----------------
-
-    @property
-    def _canary(self) -> httpx.AsyncClient:
-        """The canary's own small pool: its requests never queue behind production's (nor
-        production's behind them), and never count in its load."""
-        if self._canary_pool is None:
-            if self._tls is None:
-                raise RuntimeError("SGLangClient used outside 'async with'")
-            limits = httpx.Limits(max_connections=32, max_keepalive_connections=32)
-            headers = {**self._headers, "Content-Type": "application/json"}
-            self._canary_pool = httpx.AsyncClient(
-                limits=limits, timeout=self._timeout, headers=headers, verify=self._tls
-            )
-        return self._canary_pool
+    # --- the canary (quality/canary_scorer.py): raw answers from one named server ----------
 
     async def post_generate(self, url: str, body: dict[str, Any]) -> dict[str, Any]:
         """One ``/generate`` call to the server at ``url``, answered as parsed JSON (logprob
@@ -307,26 +201,10 @@ class SGLangClient:
         ``ServerError`` when it refuses the request (4xx).
         """
         try:
-            response = await self._canary.post(url + "/generate", content=orjson.dumps(body))
+            response = await self._pools.canary.post(url + "/generate", content=orjson.dumps(body))
         except httpx.HTTPError as exc:
             raise ServerUnavailableError(f"{url}: /generate failed ({exc!r})") from None
-        if response.status_code in (401, 403):
-            raise self._auth_error(url, response.status_code)
-        if response.status_code >= 500:
-            message = error_message(response.content)
-            raise ServerUnavailableError(f"{url}: HTTP {response.status_code}: {message}")
-        if response.status_code != 200:
-            message = error_message(response.content)
-            raise ServerError(
-                f"{url} refused a canary request (HTTP {response.status_code}: {message})"
-            )
-        try:
-            answer = orjson.loads(response.content)
-        except orjson.JSONDecodeError:
-            raise ServerError(f"{url}: /generate answered something that is not JSON") from None
-        if not isinstance(answer, dict):
-            raise ServerError(f"{url}: /generate answered {type(answer).__name__}, not an object")
-        return answer
+        return canary_answer(url, response.status_code, response.content, self._api_key_env)
 
     # --- control calls ---------------------------------------------------------------------
 
@@ -335,16 +213,16 @@ class SGLangClient:
         # Best effort: the server also aborts a request whose client disconnected.
         with contextlib.suppress(httpx.HTTPError, asyncio.CancelledError, RuntimeError):
             await asyncio.shield(
-                self._control.post(url + "/abort_request", json={"rid": rid}, timeout=5.0)
+                self._pools.control.post(url + "/abort_request", json={"rid": rid}, timeout=5.0)
             )
 
     async def _control_get(self, url: str) -> httpx.Response:
         """GET on the control pool (30 s timeout), tried once more if a pooled keep-alive
         connection was closed under us: that is not a dead server, and must not mark one down."""
         try:
-            return await self._control.get(url)
+            return await self._pools.control.get(url)
         except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError):
-            return await self._control.get(url)
+            return await self._pools.control.get(url)
 
     async def health(self, url: str) -> bool:
         try:
@@ -360,7 +238,7 @@ class SGLangClient:
         except httpx.HTTPError as exc:
             raise ServerUnavailableError(f"{url}: cannot read {route}: {exc!r}") from None
         if response.status_code in (401, 403):
-            raise self._auth_error(url, response.status_code)
+            raise auth_error(url, response.status_code, self._api_key_env)
         return response
 
     async def server_info(self, url: str) -> dict[str, Any]:
@@ -430,24 +308,9 @@ class SGLangClient:
             response = await self._read_control_route(url, route)
             if response.status_code != 200:
                 continue
-            try:
-                body = orjson.loads(response.content)
-            except orjson.JSONDecodeError:
-                continue
-            entries = body.get(key) if isinstance(body, dict) else None
-            if not isinstance(entries, list):
-                continue
-            urls = []
-            for entry in entries:
-                if isinstance(entry, str):
-                    urls.append(entry.rstrip("/"))
-                elif (
-                    isinstance(entry, dict)
-                    and isinstance(entry.get("url"), str)
-                    and entry.get("is_healthy") is not False
-                ):
-                    urls.append(entry["url"].rstrip("/"))
-            return urls
+            urls = router_worker_urls(response.content, key)
+            if urls is not None:
+                return urls
         return None
 
     async def revive(self, on_reconnect: ReconnectCheck) -> list[str]:

@@ -1,0 +1,110 @@
+"""What the server's answers mean, without HTTP: a status code and a body become a result or an
+error of the tree.
+
+``client`` (the only module that speaks HTTP) sends the requests and translates httpx's own
+exceptions; what comes back is read here, by status code, never by message text:
+``RetryableItemError`` (try again), ``RejectedRequestError`` (the request itself is bad),
+``ServerError`` (the run cannot go on). ``responses`` holds the token contract of a ``/generate``
+item that answered 200.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from eagledata.errors import (
+    ContractViolationError,
+    RejectedRequestError,
+    RetryableItemError,
+    ServerError,
+    ServerUnavailableError,
+)
+from eagledata.server.responses import GenerateResult, error_message, parse_generate_item
+
+
+class ServerDownError(RetryableItemError):
+    """The server did not accept a connection. Not the item's fault: it does not use an attempt."""
+
+    reason = "server_down"
+
+
+class QueueFullError(RetryableItemError):
+    """HTTP 503: the server's waiting queue is full (``--max-queued-requests``). The server's
+    backpressure, not the item's fault: it does not use an attempt (``run/attempts.py``)."""
+
+    reason = "http_503"
+
+
+def auth_error(url: str, status: int, api_key_env: str) -> ServerError:
+    """SGLang's ``--api-key`` answers 401 on every route but /health and /metrics."""
+    return ServerError(
+        f"{url} refused the API key (HTTP {status}); set the right key in the environment "
+        f"variable named by server.api_key_env ({api_key_env})"
+    )
+
+
+def generate_answer(
+    status: int, content: bytes, input_ids: list[int], rid: str, url: str, api_key_env: str
+) -> GenerateResult:
+    """A production ``/generate`` answer: a result that keeps the token contract, or an error."""
+    if status == 200:
+        try:
+            item = orjson.loads(content)
+        except orjson.JSONDecodeError:
+            raise ContractViolationError("response body is not JSON") from None
+        return parse_generate_item(item, input_ids, rid, url)
+    message = error_message(content)
+    if status in (401, 403):
+        raise auth_error(url, status, api_key_env)
+    if status == 404:
+        raise ServerError(f"{url} has no /generate route; is it an SGLang server?")
+    if status == 503:
+        raise QueueFullError(f"HTTP 503: {message}")
+    if status >= 500 or status == 429:
+        raise RetryableItemError(f"HTTP {status}: {message}", reason=f"http_{status}")
+    raise RejectedRequestError(f"HTTP {status}: {message}", reason=f"http_{status}")
+
+
+def canary_answer(url: str, status: int, content: bytes, api_key_env: str) -> dict[str, Any]:
+    """A canary's ``/generate`` answer as parsed JSON (no token contract: the canary checks
+    what it asked for). ``ServerUnavailableError`` on 5xx, ``ServerError`` on a refusal (4xx)."""
+    if status in (401, 403):
+        raise auth_error(url, status, api_key_env)
+    if status >= 500:
+        message = error_message(content)
+        raise ServerUnavailableError(f"{url}: HTTP {status}: {message}")
+    if status != 200:
+        message = error_message(content)
+        raise ServerError(f"{url} refused a canary request (HTTP {status}: {message})")
+    try:
+        answer = orjson.loads(content)
+    except orjson.JSONDecodeError:
+        raise ServerError(f"{url}: /generate answered something that is not JSON") from None
+    if not isinstance(answer, dict):
+        raise ServerError(f"{url}: /generate answered {type(answer).__name__}, not an object")
+    return answer
+
+
+def router_worker_urls(content: bytes, key: str) -> list[str] | None:
+    """The worker URLs of a router's ``/workers`` (``key`` ``"workers"``) or ``/list_workers``
+    (``"urls"``) answer, those the router marks unhealthy left out; None if it lists none."""
+    try:
+        body = orjson.loads(content)
+    except orjson.JSONDecodeError:
+        return None
+    entries = body.get(key) if isinstance(body, dict) else None
+    if not isinstance(entries, list):
+        return None
+    urls = []
+    for entry in entries:
+        if isinstance(entry, str):
+            urls.append(entry.rstrip("/"))
+        elif (
+            isinstance(entry, dict)
+            and isinstance(entry.get("url"), str)
+            and entry.get("is_healthy") is not False
+        ):
+            urls.append(entry["url"].rstrip("/"))
+    return urls
