@@ -1,0 +1,51 @@
+"""The typer shell: parse flags, call the library, print one line on failure.
+
+The commands live by what they act on (``data_commands``: work sent to a server;
+``run_dir_commands``: run directories read; ``server_commands``: servers checked, launched,
+planned or simulated); ``shell`` holds what they share. They are registered here, in the order
+``--help`` lists them. ``eagledata.cli:main`` is the console entry point, ``python -m
+eagledata.cli`` runs it too (``__main__``).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import typer
+
+from eagledata.cli.data_commands import canary, generate, resume
+from eagledata.cli.run_dir_commands import export, report, status, verify
+from eagledata.cli.server_commands import check_server, launch_server, plan, sim_server
+from eagledata.cli.shell import EXIT_INTERRUPTED
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="Token-faithful EAGLE-3 drafter data from an SGLang server, bf16 KV cache enforced.",
+)
+
+app.command()(generate)
+app.command()(resume)
+app.command()(status)
+app.command()(canary)
+app.command()(verify)
+app.command()(report)
+app.command("check-server")(check_server)
+# extra arguments after -- pass through to SGLang
+app.command(
+    "launch-server",
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+)(launch_server)
+app.command()(plan)
+app.command("sim-server")(sim_server)
+app.command()(export)
+
+
+def main() -> None:
+    # transformers warns at import that PyTorch is absent; eagledata needs only its tokenizers.
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    try:
+        app()
+    except KeyboardInterrupt:
+        sys.exit(EXIT_INTERRUPTED)

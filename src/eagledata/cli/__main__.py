@@ -1,0 +1,5 @@
+"""``python -m eagledata.cli``: the same as the ``eagledata`` command."""
+
+from eagledata.cli import main
+
+main()

@@ -1,0 +1,213 @@
+"""The commands about servers: ``check-server``, ``launch-server``, ``plan``, ``sim-server``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from eagledata.cli.shell import (
+    EXIT_INTERRUPTED,
+    ConfigOpt,
+    ProfilesDirOpt,
+    ServerOpt,
+    guarded,
+    load_app_config,
+)
+from eagledata.config import default_config_path, load_config
+
+
+def _guard_targets(config_path: Path | None) -> tuple[str | None, int | None]:
+    """The model and bf16 bytes/token the guard expects, from the config when there is one."""
+    path = config_path or default_config_path()
+    if path is None:
+        return None, None
+    server = load_config(path).server
+    return server.expected_model, server.bf16_kv_bytes_per_token
+
+
+def check_server(
+    url: Annotated[str, typer.Argument(help="Server URL, e.g. http://127.0.0.1:30000")],
+    config: ConfigOpt = None,
+    expected_model: Annotated[str | None, typer.Option(help="Refuse another model")] = None,
+    bf16_bytes_per_token: Annotated[
+        int | None, typer.Option(help="The model's bf16 KV bytes/token (Kimi-K2.5: 70272)")
+    ] = None,
+) -> None:
+    """Print a server's facts and the bf16 verdict; exit non-zero if it would be refused."""
+    import httpx
+
+    from eagledata.server.launch import check_running_server
+    from eagledata.server.serverfacts import format_facts
+
+    def check() -> tuple[Any, Any]:
+        model, bytes_per_token = (None, None)
+        if expected_model is None or bf16_bytes_per_token is None:
+            model, bytes_per_token = _guard_targets(config)
+        with httpx.Client(timeout=httpx.Timeout(30.0, connect=5.0)) as http:
+            return check_running_server(
+                http,
+                url.rstrip("/"),
+                expected_model=expected_model or model,
+                bf16_bytes_per_token=bf16_bytes_per_token or bytes_per_token,
+            )
+
+    facts, verdict = guarded(check)
+    typer.echo(format_facts(facts, verdict))
+    if not verdict.ok:
+        raise typer.Exit(4)
+
+
+def launch_server(
+    ctx: typer.Context,
+    profile: Annotated[str | None, typer.Option(help="Profile name or TOML path")] = None,
+    dry_run: Annotated[bool, typer.Option(help="Print the exact command, start nothing")] = False,
+    profiles_dir: ProfilesDirOpt = None,
+    script: Annotated[
+        Path | None,
+        typer.Option(help="The launch script (default: ./scripts/launch_sglang.sh, else shipped)"),
+    ] = None,
+    deadline: Annotated[float, typer.Option(help="Seconds to wait for /health")] = 1800.0,
+) -> None:
+    """Start SGLang from a profile (bf16 KV enforced); extra args after -- pass through."""
+    from eagledata.server.launch import (
+        build_launch_command,
+        default_script,
+        format_command,
+        launch_and_wait,
+    )
+    from eagledata.server.profiles import DEFAULT_PROFILE, load_profile
+    from eagledata.server.serverfacts import format_facts
+
+    extra = list(ctx.args)
+    script = script or default_script()
+    chosen = guarded(lambda: load_profile(profile or DEFAULT_PROFILE, profiles_dir))
+    if dry_run:
+        command = guarded(lambda: build_launch_command(chosen, extra, script=str(script)))
+        typer.echo(format_command(command))
+        return
+    result = guarded(
+        lambda: launch_and_wait(
+            chosen,
+            extra,
+            script=script,
+            deadline_s=deadline,
+            on_progress=lambda line: typer.echo(line, err=True),
+        )
+    )
+    typer.echo(format_facts(result.facts, result.verdict))
+    if not result.verdict.ok:
+        raise typer.Exit(4)
+    typer.echo(f"server ready at {result.base_url}; eagledata generate --server {result.base_url}")
+    try:
+        result.process.wait()
+    except KeyboardInterrupt:
+        result.stop()
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+    if result.process.returncode:
+        raise typer.Exit(result.process.returncode)
+
+
+def plan(
+    profile: Annotated[
+        list[str] | None, typer.Option(help="Profile to plan; repeat; default: all")
+    ] = None,
+    dataset: Annotated[
+        str | None, typer.Option(help="Measure prompt lengths on this dataset (a sample)")
+    ] = None,
+    config: ConfigOpt = None,
+    server: ServerOpt = None,
+    sample_rows: Annotated[int, typer.Option(help="Prompts to tokenize for the sample")] = 2000,
+    mean_output_tokens: Annotated[
+        float | None, typer.Option(help="Expected mean answer length (default: max_new_tokens)")
+    ] = None,
+    profiles_dir: ProfilesDirOpt = None,
+    accept_length: Annotated[
+        float | None,
+        typer.Option(
+            help="Speculative acceptance (tokens per verify step); default: measured on "
+            "--server, else the drafter card's (unverified)"
+        ),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object, for scripts")] = False,
+) -> None:
+    """Compare profiles side by side: KV tokens, concurrency, tok/s, wall clock."""
+    import httpx
+
+    from eagledata.capacity import REFERENCE_WORKLOAD, render_plan_table
+    from eagledata.run.dataset import resolve_dataset
+    from eagledata.run.planning import build_plan, measure_workload
+    from eagledata.server.launch import fetch_server_info
+    from eagledata.server.profiles import load_profiles
+    from eagledata.server.serverfacts import ServerFacts
+
+    def build() -> str:
+        if dataset is not None:
+            app_config = load_app_config(config, {})
+            workload = measure_workload(
+                app_config,
+                resolve_dataset(dataset, app_config.datasets),
+                sample_rows=sample_rows,
+                mean_output_tokens=mean_output_tokens,
+            )
+        elif mean_output_tokens is not None:
+            workload = REFERENCE_WORKLOAD.model_copy(
+                update={"mean_output_tokens": mean_output_tokens}
+            )
+        else:
+            workload = REFERENCE_WORKLOAD
+        live = []
+        with httpx.Client(timeout=httpx.Timeout(30.0, connect=5.0)) as http:
+            for url in server or []:
+                facts = ServerFacts.from_server_info(fetch_server_info(http, url.rstrip("/")))
+                live.append((url, facts))
+        profiles = load_profiles(profile, profiles_dir)
+        rows = build_plan(profiles, workload, live, accept_length=accept_length)
+        if as_json:
+            import json
+
+            from eagledata.capacity.plan_json import plan_document
+
+            return json.dumps(plan_document(rows, workload), indent=1)
+        return render_plan_table(rows, workload=workload)
+
+    typer.echo(guarded(build))
+
+
+def sim_server(
+    host: Annotated[str, typer.Option(help="Bind address (loopback by default)")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port; 0 picks a free one")] = 30000,
+    tokenizer: Annotated[str | None, typer.Option(help="Tokenizer dir used to decode text")] = None,
+    kv_cache_dtype: Annotated[str, typer.Option(help="Reported --kv-cache-dtype")] = "bf16",
+    latency: Annotated[float, typer.Option(help="Seconds per request")] = 0.0,
+    option: Annotated[
+        list[str] | None,
+        typer.Option("--set", help="Any SimConfig field as KEY=JSON, e.g. --set fail_503_rate=0.1"),
+    ] = None,
+) -> None:
+    """Run the simulated SGLang server (tests, demo, benchmarks)."""
+    import orjson
+
+    from eagledata.config import resolve_bundled
+    from eagledata.simserver import SimConfig, run_sim_server
+
+    def build() -> SimConfig:
+        fields: dict[str, Any] = {"kv_cache_dtype": kv_cache_dtype, "latency_s": latency}
+        if tokenizer:
+            fields["tokenizer_path"] = resolve_bundled(tokenizer)
+        for pair in option or []:
+            key, _, raw = pair.partition("=")
+            try:
+                fields[key] = orjson.loads(raw)
+            except orjson.JSONDecodeError:
+                fields[key] = raw
+        try:
+            return SimConfig(**fields)
+        except ValueError as exc:
+            from eagledata.errors import ConfigError
+
+            raise ConfigError(f"sim-server: {exc}".replace("\n", " ")) from None
+
+    sim_config = guarded(build)
+    run_sim_server(sim_config, host, port)

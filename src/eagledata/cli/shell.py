@@ -1,0 +1,70 @@
+"""What every command shares: one stderr line per error and its exit code, the common
+options, the config a command loads, and the end of a run's output."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+
+from eagledata.config import AppConfig, default_config_path, load_config
+from eagledata.errors import EagledataError
+
+T = TypeVar("T")
+EXIT_INTERRUPTED = 130
+
+
+def fail(error: EagledataError) -> None:
+    typer.echo(f"eagledata: error: {error}", err=True)
+    raise typer.Exit(error.exit_code)
+
+
+def guarded(action: Callable[[], T]) -> T:
+    """Run ``action``; our errors become one line on stderr and their exit code."""
+    try:
+        return action()
+    except EagledataError as error:
+        fail(error)
+        raise AssertionError("unreachable") from None
+    except KeyboardInterrupt:
+        typer.echo("eagledata: interrupted", err=True)
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+
+
+ConfigOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--config",
+        "-c",
+        help="TOML config (default: $EAGLEDATA_CONFIG, ./configs/eagledata.toml, else shipped)",
+        dir_okay=False,
+    ),
+]
+ServerOpt = Annotated[
+    list[str] | None, typer.Option("--server", "-s", help="SGLang server URL; repeat for several")
+]
+ProgressOpt = Annotated[bool, typer.Option("--progress/--no-progress", help="Show the live bar")]
+ConcurrencyOpt = Annotated[
+    str | None,
+    typer.Option(
+        metavar="auto|N",
+        help="Requests in flight: 'auto' (default) sizes them from the server's KV load; N is a "
+        "fixed cap",
+    ),
+]
+ProfilesDirOpt = Annotated[
+    Path | None,
+    typer.Option(help="Profiles folder (default: ./configs/profiles, else the shipped profiles)"),
+]
+
+
+def load_app_config(config_path: Path | None, overrides: dict[str, Any]) -> AppConfig:
+    return load_config(config_path or default_config_path(), overrides)
+
+
+def finish_run(summary: Any) -> None:
+    typer.echo(summary.render())
+    if summary.interrupted:
+        raise typer.Exit(EXIT_INTERRUPTED)
