@@ -95,6 +95,18 @@ def test_ignore_eos_and_stop_token_ids(client: httpx.Client) -> None:
     assert matched == {EOS, 101, 202}
 
 
+def test_a_request_refused_with_503_leaves_no_prefix_in_the_cache() -> None:
+    # SGLang inserts a prompt into its radix tree after its prefill: a request the full queue
+    # refused was never prefilled, so its retry costs a whole prefill again.
+    with fresh(fail_503_rate=1.0) as server, httpx.Client(base_url=server.url) as http:
+        body = {"input_ids": prompt(7, length=64), "sampling_params": {"max_new_tokens": 4}}
+        assert gen(http, **body).status_code == 503
+        server.control(fail_503_rate=0.0)
+        first = gen(http, **body).json()
+        assert first["meta_info"]["cached_tokens"] == 0
+        assert gen(http, **body).json()["meta_info"]["cached_tokens"] == 63
+
+
 def test_default_max_new_tokens_is_128(client: httpx.Client) -> None:
     for i in range(30):
         item = gen(client, input_ids=prompt(i)).json()

@@ -17,7 +17,7 @@ from eagledata.simserver.faults import apply_fault_abort, draw_faults
 from eagledata.simserver.logprobs import trim_to_output
 from eagledata.simserver.metrics import render_loads, render_metrics
 from eagledata.simserver.protocol import SimRequestError, abort_reason, bad_body, queue_full_body
-from eagledata.simserver.requests import Parsed, parse_generate
+from eagledata.simserver.requests import Parsed, parse_generate, remember_prompts
 from eagledata.simserver.sampling import SamplingSpec
 from eagledata.simserver.scheduler import ABORTED, QUEUED, RID_LIMIT, Item, QueueFullError
 from eagledata.simserver.state import STATE, SimState, apply_control, stats_snapshot
@@ -133,6 +133,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
     except QueueFullError:
         stats.outcomes["queue_full"] += 1
         return _json(queue_full_body(), 503)
+    remember_prompts(state, parsed)
     try:
         for item in items:
             if item.fut is not None and not item.fut.done():
@@ -185,6 +186,7 @@ async def _stream(
                 await response.write(event(index, _item_json(state, item, spec, arrived)))
             await response.write(DONE_EVENT)
             return response
+        remember_prompts(state, parsed)
         broken = faults & {"stream_error", "reset"}
         for index, (item, spec) in enumerate(parsed.pairs):
             if item.state == QUEUED:

@@ -1,9 +1,11 @@
 """A prefix cache for the simulated server: what SGLang's radix cache does to ``cached_tokens``.
 
-Every request's prompt is inserted (SGLang inserts a prompt into the radix tree once its prefill
-is done; a ``max_new_tokens: 0`` request is a prefill and nothing else, which is how a client warms
-a prompt). A later prompt that starts with a cached one reports the matched length as
-``cached_tokens``. Matching follows SGLang 0.5.9 (sglang-quality-and-load.md section 1):
+Every request's prompt is inserted once the scheduler has taken it (SGLang inserts a prompt into
+the radix tree once its prefill is done; a ``max_new_tokens: 0`` request is a prefill and nothing
+else, which is how a client warms a prompt). A request refused with 503 ("the request queue is
+full") never reaches the tree, so its retry is not cheaper. A later prompt that starts with a
+cached one reports the matched length as ``cached_tokens``. Matching follows SGLang 0.5.9
+(sglang-quality-and-load.md section 1):
 
 * it is capped at ``len(input_ids) - 1`` (the last token is always computed), and
 * with ``return_logprob`` at ``logprob_start_len``: the tokens whose logprobs are asked for are
@@ -35,21 +37,23 @@ class PrefixCache:
             keys.append(previous)
         return keys
 
-    def match_and_insert(self, ids: list[int], cap: int | None = None) -> int:
-        """Cached tokens for this prompt (at most ``cap``), then remember the prompt."""
-        keys = self._boundaries(ids)
+    def match(self, ids: list[int], cap: int | None = None) -> int:
+        """Cached tokens for this prompt (at most ``cap``); the cache is left as it was."""
         matched = 0
-        for index, key in enumerate(keys):
+        for index, key in enumerate(self._boundaries(ids)):
             if key not in self._pages:
                 break
             matched = (index + 1) * PAGE
-        for key in keys:  # insert, or refresh as most recently used
+        limit = len(ids) - 1 if cap is None else min(cap, len(ids) - 1)
+        return max(0, min(matched, limit))
+
+    def insert(self, ids: list[int]) -> None:
+        """Remember a prompt the server took (or refresh it as most recently used)."""
+        for key in self._boundaries(ids):
             self._pages.pop(key, None)
             self._pages[key] = None
         while len(self._pages) > MAX_PAGES:
             del self._pages[next(iter(self._pages))]
-        limit = len(ids) - 1 if cap is None else min(cap, len(ids) - 1)
-        return max(0, min(matched, limit))
 
     def clear(self) -> None:
         self._pages.clear()

@@ -30,6 +30,17 @@ class Parsed:
     fault_key: bytes
     logprob_meta: list[dict[str, Any] | None] = field(default_factory=list)
     """Per pair: the logprob fields of its ``meta_info`` (logprobs.py), or None."""
+    prompts: list[tuple[bytes, list[int]]] = field(default_factory=list)
+    """(digest, ids) of each prompt, for the prefix cache once the scheduler takes them."""
+
+
+def remember_prompts(state: SimState, parsed: Parsed) -> None:
+    """The scheduler took the request: its prompts are in the prefix cache from now on (a
+    request refused with 503 never is)."""
+    for digest, ids in parsed.prompts:
+        state.scheduler.remember_prefix(digest)
+        if not state.config.disable_radix_cache:
+            state.prefix_cache.insert(ids)
 
 
 def _prompts(obj: dict[str, Any], model: ModelSpec) -> tuple[list[list[int]], bool]:
@@ -133,9 +144,12 @@ def parse_generate(obj: Any, state: SimState) -> Parsed:
     digests = []
     wants = parse_logprob_requests(obj, prompts, config.version_tuple(), config.logprobs_supported)
     metas: list[dict[str, Any] | None] = []
+    taken: list[tuple[bytes, list[int]]] = []
     for ids, spec, max_new, want in zip(prompts, specs, budgets, wants, strict=True):
         digest = prompt_digest(ids)
         digests.append(digest + spec.sampling_key)
+        repeat = any(digest == seen for seen, _ in taken)  # the same prompt earlier in the batch
+        taken.append((digest, ids))
         for j in range(n):
             out, finish = generate(
                 model, digest, spec, max_new, config, fp8=fp8, sample_index=j, prompt_len=len(ids)
@@ -145,12 +159,14 @@ def parse_generate(obj: Any, state: SimState) -> Parsed:
             state.answers.note(item.rid, shape, config.degraded, time.time())
             item.max_new, item.ignore_eos, item.pinned_rank = max_new, spec.ignore_eos, pinned
             item.kv_dtype = dtype
-            item.cached = state.scheduler.note_prefix(config, digest, len(ids))
-            item.cached = _cached(state, ids, item.cached, want)
+            seen = state.scheduler.seen_prefix(config, digest, len(ids))
+            if (repeat or j > 0) and not config.disable_radix_cache:
+                seen = len(ids) - 1
+            item.cached = _cached(state, ids, seen, want)
             metas.append(_logprobs(state, want, ids, out, item.cached))
             pairs.append((item, spec))
     key = hashlib.blake2b(b"".join(digests), digest_size=16).digest()
-    return Parsed(pairs, single and n == 1, stream, key, metas)
+    return Parsed(pairs, single and n == 1, stream, key, metas, taken)
 
 
 def _cached(state: SimState, ids: list[int], seen: int, want: LogprobRequest | None) -> int:
@@ -158,7 +174,7 @@ def _cached(state: SimState, ids: list[int], seen: int, want: LogprobRequest | N
     if state.config.disable_radix_cache:
         return seen
     cap = want.start if want is not None else None
-    cached = max(seen, state.prefix_cache.match_and_insert(ids, cap))
+    cached = max(seen, state.prefix_cache.match(ids, cap))
     return cached if cap is None else min(cached, cap)
 
 

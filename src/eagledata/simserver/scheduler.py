@@ -135,16 +135,17 @@ class Scheduler:
             self.ranks.append(Rank(len(self.ranks)))
         return self.ranks[index]
 
-    def note_prefix(self, config: SimConfig, digest: bytes, prompt_len: int) -> int:
-        """Cached tokens of a prompt: a repeat of a seen prompt reuses all but its last token."""
-        if config.disable_radix_cache:
+    def seen_prefix(self, config: SimConfig, digest: bytes, prompt_len: int) -> int:
+        """Cached tokens of a prompt: a repeat of a prompt the server took reuses all but its
+        last token."""
+        if config.disable_radix_cache or digest not in self.prefix_seen:
             return 0
-        if digest in self.prefix_seen:
-            return prompt_len - 1
+        return prompt_len - 1
+
+    def remember_prefix(self, digest: bytes) -> None:
         if len(self.prefix_seen) >= RID_LIMIT:
             self.prefix_seen.clear()
         self.prefix_seen[digest] = None
-        return 0
 
     def submit(self, items: list[Item], config: SimConfig) -> None:
         """Admit or queue every item of one HTTP request, or none (QueueFullError)."""
