@@ -47,6 +47,8 @@ RESULTS = Path(__file__).resolve().parent / "results" / "saturation.json"
 TIME_SCALE = 0.01
 POOL = 116_000
 QUEUE_CAP = 32
+WORKLOAD: dict[str, Any] = {"output_len_mean": 3000.0, "output_len_spread": 0.5}
+MAX_NEW = 8192
 WORDS = "alpha beta gamma delta model token cache server drafter answer think prompt".split()
 
 
@@ -72,8 +74,7 @@ def sim_config(tokenizer: str, **overrides: Any) -> SimConfig:
         "time_scale": TIME_SCALE,
         "steps_per_tick": 8,
         "length_fraction": 0.0,
-        "output_len_mean": 3000.0,
-        "output_len_spread": 0.5,
+        **WORKLOAD,
     }
     fields.update(overrides)
     return SimConfig(**fields)
@@ -96,7 +97,7 @@ def write_config(path: Path, urls: list[str], concurrency: str, run_dir: Path) -
 name = "bundled:tokenizer/tiny-chatml"
 
 [generation]
-max_new_tokens = 8192
+max_new_tokens = {MAX_NEW}
 temperature = 1.0
 
 [server]
@@ -224,7 +225,7 @@ def table(points: list[Point]) -> str:
 
 
 def main() -> None:
-    global TIME_SCALE
+    global TIME_SCALE, MAX_NEW
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--warmup", type=float, default=20.0, help="wall seconds")
     parser.add_argument("--measure", type=float, default=20.0, help="wall seconds")
@@ -237,8 +238,14 @@ def main() -> None:
         help="wall seconds per modelled second; the client's poll and reaction delays, "
         "in modelled time, grow as it shrinks (a loaded machine makes them worse)",
     )
+    parser.add_argument("--answers", choices=("uniform", "exponential"), default="uniform")
+    parser.add_argument("--labels", nargs="*", help="single section: only these points")
     args = parser.parse_args()
     TIME_SCALE = args.time_scale
+    if args.answers == "exponential":
+        WORKLOAD.clear()
+        WORKLOAD.update({"output_len_mean": 4000.0, "output_len_shape": "exponential"})
+        MAX_NEW = 16384
     sections = args.only or ["single", "two", "changing"]
     tokenizer = resolve_bundled("bundled:tokenizer/tiny-chatml")
     # Sections run on their own keep the others' results; each section says how it was run.

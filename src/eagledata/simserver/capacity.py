@@ -107,6 +107,9 @@ class EngineRank:
     """Wall time the next iteration is due: iterations are timed from this anchor, so Python's
     own overhead does not accumulate into a slower modelled clock."""
     decoded_tokens: int = 0
+    prefill_batches: int = 0
+    prefill_seconds: float = 0.0
+    """Modelled time spent in prefill batches (decoding stalls meanwhile)."""
 
 
 class CapacityEngine:
@@ -240,7 +243,10 @@ class CapacityEngine:
             if item.admit_fut is not None and not item.admit_fut.done():
                 item.admit_fut.set_result(None)
             self._advance(rank, item, 1)
-        return config.step_base_s + input_tokens / config.prefill_tok_per_s
+        seconds = config.step_base_s + input_tokens / config.prefill_tok_per_s
+        rank.prefill_batches += 1
+        rank.prefill_seconds += seconds
+        return seconds
 
     def _decode(self, rank: EngineRank, config: SimConfig, now: float) -> float:
         steps = config.steps_per_tick
@@ -345,6 +351,8 @@ class CapacityEngine:
                     "usage_area": rank.usage_area,
                     "sim_time": rank.sim_time,
                     "decoded_tokens": rank.decoded_tokens,
+                    "prefill_batches": rank.prefill_batches,
+                    "prefill_seconds": rank.prefill_seconds,
                 }
             )
         return out

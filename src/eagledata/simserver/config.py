@@ -121,6 +121,11 @@ class SimConfig(BaseModel):
     a server without any load signal."""
     output_len_spread: float = Field(default=0.25, ge=0.0, le=1.0)
     output_len_per_prompt_token: float = Field(default=0.0, ge=0.0)
+    output_len_shape: Literal["uniform", "exponential"] = "uniform"
+    """``uniform``: ``mean x (1 +- spread)``. ``exponential``: exponentially distributed around
+    the mean (the spread is ignored), cut at ``max_new_tokens``: the long tail of thinking answers,
+    where a few run many times the mean (the illustration of
+    ``reference/sglang-quality-and-load.md`` section 4.2)."""
 
     # --- faults, decided per request from a seeded hash -------------------------------------------
     fail_500_rate: Rate = 0.0

@@ -8,6 +8,7 @@ valid ids, so no request costs per-token Python work.
 from __future__ import annotations
 
 import hashlib
+import math
 from array import array
 from typing import Any
 
@@ -136,7 +137,10 @@ def _modelled_length(config: SimConfig, prompt_len: int, pick: int, lo: int, hi:
     with the prompt, spread uniformly by +- ``output_len_spread``."""
     mean = (config.output_len_mean or 0.0) + config.output_len_per_prompt_token * prompt_len
     u = ((pick >> 20) % 1_000_003) / 1_000_002
-    length = round(mean * (1.0 + config.output_len_spread * (2.0 * u - 1.0)))
+    if config.output_len_shape == "exponential":
+        length = round(-mean * math.log1p(-min(u, 0.999_999)))
+    else:
+        length = round(mean * (1.0 + config.output_len_spread * (2.0 * u - 1.0)))
     return max(lo, min(hi, length))
 
 
