@@ -15,10 +15,10 @@ from eagledata.capacity.controller import (
     ControllerSettings,
     Lane,
     LaneSample,
-    LengthModel,
     Ticket,
     fallback_concurrency,
 )
+from eagledata.capacity.lengths import LengthModel, kaplan_meier
 from eagledata.config import LoadSettings
 from eagledata.run import pipeline
 from eagledata.run.loadcontrol import LoadController, ServerPlan
@@ -73,9 +73,33 @@ def test_length_model_learns_a_high_percentile_per_prompt_bucket() -> None:
     assert model.estimate(100) == 180
 
 
+def test_the_survival_curve_counts_the_requests_still_running() -> None:
+    # Early in a run only the short answers have ended; ten long ones are still running.
+    ended = list(range(100, 200, 10))
+    alone = kaplan_meier(ended, [], cap=4096)
+    assert alone.at(500) == 0.0  # the ended answers alone: nothing runs past 200
+    curve = kaplan_meier(ended, [1000] * 10, cap=4096)
+    assert curve.at(500) == pytest.approx(0.5)  # half the requests are known to run past 1000
+    assert curve.alive(1000, 2000) == pytest.approx(1.0)  # unknown past 1000: kept alive...
+    assert curve.alive(1000, 3096) == 0.0  # ...up to max_new_tokens, never past it
+    assert curve.alive(150, 0) == pytest.approx(1.0)
+    # A request older than every answer and every other request gets a quarter more.
+    assert alone.alive(400, 50) == 1.0 and alone.alive(400, 100) == 0.0
+
+
+def test_the_length_model_hands_out_curves_with_the_running_requests() -> None:
+    model = LengthModel(prior=8192, min_samples=4, cap=8192)
+    assert model.curve(100) is None  # nothing ended yet: the forecast uses the prior
+    for length in (100, 120, 140, 160):
+        model.add(100, length)
+    assert model.curve(100).at(300) == 0.0  # type: ignore[union-attr]
+    model.set_running([(100, 3000), (100, 3000), (100, 3000), (100, 3000)])
+    assert model.curve(100).at(300) == pytest.approx(0.5)  # type: ignore[union-attr]
+
+
 def test_the_gate_fills_the_pool_to_its_target_and_no_further() -> None:
     gate = lane(usage_target=0.9)
-    lengths = list(range(80, 121))  # answers of 80-120 tokens
+    lengths = kaplan_meier(list(range(80, 121)), [], cap=4096)  # answers of 80-120 tokens
     admitted = 0
     while True:
         ticket = Ticket(gate, 200, 320, 0.0, lengths)
@@ -96,10 +120,31 @@ def test_a_retraction_backs_off_and_freezes_then_calm_creeps_back() -> None:
     # The same retraction seen again (the counter unchanged) is not news.
     assert not gate.observe(LaneSample(time=1.2, retracted_total=2, token_usage=0.5), 1.2)
     assert gate.usage_target == pytest.approx(0.80)
+    gate.budget_bound = True  # the target held work back meanwhile
     gate.observe(LaneSample(time=5.0, retracted_total=2, token_usage=0.5), 5.0)  # frozen
     assert gate.usage_target == pytest.approx(0.80)
     gate.observe(LaneSample(time=12.0, retracted_total=2, token_usage=0.5), 12.0)
     assert gate.usage_target == pytest.approx(0.81)
+    # A calm period in which the target held nothing back says nothing about it: no creep.
+    gate.observe(LaneSample(time=14.0, retracted_total=2, token_usage=0.5), 14.0)
+    assert gate.usage_target == pytest.approx(0.81)
+    # A peak within reach of a retraction lowers it before one happens.
+    gate.budget_bound = True
+    gate.observe(LaneSample(time=15.0, retracted_total=2, token_usage=0.99), 15.0)
+    gate.observe(LaneSample(time=16.0, retracted_total=2, token_usage=0.7), 16.0)
+    assert gate.usage_target == pytest.approx(0.80)
+
+
+def test_the_early_answers_do_not_raise_the_target() -> None:
+    # Before any answer ends, the prior holds requests back: that is no reason to raise u*.
+    gate = lane(usage_target=0.85)
+    for step in range(30):
+        ticket = Ticket(gate, 200, 4000, float(step))  # no learned lengths yet
+        if gate.room(ticket, float(step)) is not None:
+            gate.tickets[ticket] = None
+        gate.observe(LaneSample(time=float(step), retracted_total=0, token_usage=0.3), float(step))
+    assert gate.held_by.get("forecast", 0) > 0
+    assert gate.usage_target == pytest.approx(0.85)
 
 
 def test_a_retracted_request_waiting_in_the_queue_is_one_retraction() -> None:

@@ -11,14 +11,15 @@ re-prefills them later: compute thrown away. Too few requests and the pool idles
 
 The gate, per lane (one DP rank of one server, or a router's workers together):
 
-* **Answer lengths** are learned per prompt-length bucket (``LengthModel``); a request's
+* **Answer lengths** are learned per prompt-length bucket (``capacity/lengths.py``); a request's
   **projection** is ``P + min(max_new, L90)``, ``L90`` its bucket's 90th percentile (the prior,
   ``max_new_tokens``, until 8 answers are in).
 * Each request in flight holds ``P + g`` tokens, ``g`` its generated tokens: seconds since sent x
   the per-request decode rate the server reports, scaled so that our requests add up to the KV
   the server last measured (``calibrate``). It grows one token per decode step until it ends; its
-  end is distributed like its bucket's learned answers, given that it has run ``g`` tokens (or,
-  before any are learned, it ends at its projection).
+  end follows its bucket's survival curve given that it has run ``g`` tokens (Kaplan-Meier over
+  the answers that ended and the requests still running, so the short answers that end first do
+  not make the forecast optimistic), or, before any answers end, it ends at its projection.
 * The controller **forecasts** the KV its requests will hold over the coming steps, per interval
   between ``HORIZONS`` (each request bounded from above over the interval), as a mean and a
   variance, and admits a request only if ``max over intervals (mean + margin_sd x sd)``, plus
@@ -27,8 +28,10 @@ The gate, per lane (one DP rank of one server, or a router's workers together):
 * The server's queue is kept just deep enough to fill its next prefill batch:
   ``q* = max(2, ceil(chunked_prefill_size / mean prompt))``, halved on a 503.
 * AIMD on the target usage ``u*`` (start 0.85, in [0.60, 0.95]): any retraction takes 0.05 off
-  and freezes increases for ``freeze_s``; ``creep_every_s`` without one, with the peak measured
-  usage below ``u* - 0.03``, adds 0.01 and gives one queue slot back. At a measured usage above
+  and freezes increases for ``freeze_s``. Every ``creep_every_s`` the target rises by 0.01 if it
+  is what held work back (once lengths are learned: before that the prior holds it) and the
+  pool's measured peak stayed under ``calm_usage``; it falls by 0.01 if the peak came within
+  reach of a retraction (``near_miss_usage``) though none happened. At a measured usage above
   0.97 with a queue, admissions pause (a retraction is imminent).
 * No signal at all: the planner's number (``fallback_concurrency``), in-flight requests only.
 
@@ -39,12 +42,10 @@ same quantity from an assumed answer length (``capacity/planner.py``).
 
 from __future__ import annotations
 
-import bisect
 import math
-from collections import deque
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from eagledata.capacity.lengths import SurvivalCurve
 from eagledata.capacity.planner import CLIENT_QUEUE_HEADROOM
 
 
@@ -58,6 +59,10 @@ class ControllerSettings:
     freeze_s: float = 120.0
     creep_every_s: float = 30.0
     pause_usage: float = 0.97
+    calm_usage: float = 0.95
+    """A period whose measured peak stayed under this may raise the target."""
+    near_miss_usage: float = 0.985
+    """A measured peak this high lowers the target, before a retraction does."""
     length_quantile: float = 0.9
     min_samples: int = 8
     chunked_prefill_size: int = 8192
@@ -70,80 +75,6 @@ class ControllerSettings:
     """The forecast's safety margin, in standard deviations of the KV it forecasts."""
 
 
-BUCKET_EDGES = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
-"""Prompt-length buckets (tokens): long prompts often ask for long answers."""
-
-
-def bucket_of(prompt_tokens: int) -> int:
-    return bisect.bisect_right(BUCKET_EDGES, prompt_tokens)
-
-
-class LengthModel:
-    """A high percentile of answer lengths per prompt-length bucket, over the latest answers.
-
-    Until a bucket holds ``min_samples`` answers it borrows all buckets' percentile, and until
-    those do, ``prior`` (``max_new_tokens`` unless seeded: the pessimistic start)."""
-
-    def __init__(
-        self, *, prior: int, quantile: float = 0.9, min_samples: int = 16, window: int = 512
-    ) -> None:
-        self.prior = prior
-        self.quantile = quantile
-        self.min_samples = min_samples
-        self._buckets: dict[int, deque[int]] = {}
-        self._all: deque[int] = deque(maxlen=window)
-        self._window = window
-        self._cache: dict[int, int] = {}
-        self._sorted: dict[int, list[int]] = {}
-
-    def add(self, prompt_tokens: int, completion_tokens: int) -> None:
-        bucket = self._buckets.setdefault(bucket_of(prompt_tokens), deque(maxlen=self._window))
-        bucket.append(completion_tokens)
-        self._all.append(completion_tokens)
-        self._cache.clear()
-        self._sorted.clear()
-
-    def _percentile(self, values: Iterable[int]) -> int:
-        ordered = sorted(values)
-        return ordered[min(len(ordered) - 1, math.ceil(self.quantile * len(ordered)) - 1)]
-
-    def estimate(self, prompt_tokens: int) -> int:
-        key = bucket_of(prompt_tokens)
-        cached = self._cache.get(key)
-        if cached is not None:
-            return cached
-        bucket = self._buckets.get(key)
-        if bucket is not None and len(bucket) >= self.min_samples:
-            value = self._percentile(bucket)
-        elif len(self._all) >= self.min_samples:
-            value = self._percentile(self._all)
-        else:
-            value = self.prior
-        self._cache[key] = value
-        return value
-
-    def distribution(self, prompt_tokens: int) -> list[int] | None:
-        """The sorted answer lengths that stand for this prompt's (its bucket, else all), or
-        None while too few are known. A new list after every ``add``: safe to keep."""
-        key = bucket_of(prompt_tokens)
-        cached = self._sorted.get(key)
-        if cached is not None:
-            return cached
-        bucket = self._buckets.get(key)
-        if bucket is not None and len(bucket) >= self.min_samples:
-            values = sorted(bucket)
-        elif len(self._all) >= self.min_samples:
-            values = sorted(self._all)
-        else:
-            return None
-        self._sorted[key] = values
-        return values
-
-    @property
-    def samples(self) -> int:
-        return len(self._all)
-
-
 @dataclass(slots=True, eq=False)
 class Ticket:
     """One request in flight on a lane."""
@@ -152,8 +83,11 @@ class Ticket:
     prompt_tokens: int
     projected: int
     sent_at: float
-    lengths: list[int] | None = None
-    """The answer-length distribution it is forecast with (None: it ends at ``projected``)."""
+    lengths: SurvivalCurve | None = None
+    """The answer-length survival curve it is forecast with (None: it ends at ``projected``);
+    the live loop refreshes it as answers end."""
+    started_at: float | None = None
+    """When the server admitted it, estimated from its queue counts (None: still queued)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,6 +132,10 @@ class Lane:
     peak_usage: float = 0.0
     retractions: int = 0
     rejections: int = 0
+    held_by: dict[str, int] = field(default_factory=dict)
+    """Requests held back since the last telemetry line, by the rule that held them."""
+    budget_bound: bool = False
+    """The target share held a request back since the last creep period."""
 
     @property
     def in_flight(self) -> int:
@@ -206,20 +144,40 @@ class Lane:
     # --- the gate -----------------------------------------------------------------------------
 
     def age(self, ticket: Ticket, now: float) -> int:
-        """Tokens it has generated, estimated: seconds since sent x the per-request rate, scaled
-        so that our requests account for the KV the server last measured (``calibrate``)."""
-        return int(max(0.0, now - ticket.sent_at) * self.decode_rate * self.age_scale)
+        """Tokens it has generated, estimated: seconds since the server admitted it x the
+        per-request rate, scaled so that our requests account for the KV the server last
+        measured (``calibrate``). One still queued, as far as the samples tell, has none."""
+        start = ticket.started_at
+        if start is None:
+            if self.sample is not None and self.sample.waiting is not None:
+                return 0
+            start = ticket.sent_at  # a server that does not count its queue
+        return int(max(0.0, now - start) * self.decode_rate * self.age_scale)
+
+    def mark_started(self, sample: LaneSample, previous: LaneSample | None) -> None:
+        """Which of our requests the server has admitted: all but the newest ``waiting`` (its
+        queue is first come first served). One admitted since the last sample started, on
+        average, halfway between the two (or between its sending and this sample)."""
+        if sample.waiting is None:
+            return
+        sent = sorted((t for t in self.tickets if t.sent_at <= sample.time), key=_sent_at)
+        for ticket in sent[: max(0, len(sent) - sample.waiting)]:
+            if ticket.started_at is None:
+                since = ticket.sent_at if previous is None else max(ticket.sent_at, previous.time)
+                ticket.started_at = (since + sample.time) / 2
 
     def calibrate(self, sample: LaneSample) -> None:
         """Fit the age scale to the server's own count: the requests it runs hold their prompts
-        plus what they generated. The newest ``waiting`` requests are still queued (FCFS) and
-        hold nothing yet. Keeps the forecast right when the rate estimate is off (a loaded
-        client, a server that slows down)."""
+        plus what they generated; the queued ones hold nothing yet. Keeps the forecast right
+        when the rate estimate is off (a loaded client, a server that slows down)."""
         if sample.used_tokens is None:
             return
-        sent = sorted((t for t in self.tickets if t.sent_at <= sample.time), key=_sent_at)
-        running = sent[: max(0, len(sent) - (sample.waiting or 0))]
-        raw = sum(max(0.0, sample.time - t.sent_at) * self.decode_rate for t in running)
+        self.age_scale, scale = 1.0, self.age_scale
+        running = [t for t in self.tickets if t.sent_at <= sample.time]
+        if sample.waiting is not None:
+            running = [t for t in running if t.started_at is not None]
+        raw = sum(self.age(t, sample.time) for t in running)
+        self.age_scale = scale
         if not running or raw <= 0:
             return
         generated = sample.used_tokens - sum(t.prompt_tokens for t in running)
@@ -275,35 +233,45 @@ class Lane:
         return (self.sample.waiting or 0) + recent
 
     def room(self, candidate: Ticket, now: float) -> float | None:
-        """Free projected KV if this request were admitted (>= 0), or None: not now."""
+        """Free projected KV if this request were admitted (>= 0), or None: not now (the
+        reason is counted in ``held_by``)."""
+        reason = self._holds(candidate, now)
+        if isinstance(reason, str):
+            self.held_by[reason] = self.held_by.get(reason, 0) + 1
+            return None
+        return reason
+
+    def _holds(self, candidate: Ticket, now: float) -> float | str:
         if self.fallback_limit is not None:
             free = self.fallback_limit - self.in_flight
-            return float(free) if free > 0 else None
+            return float(free) if free > 0 else "fallback"
         budget = self.budget()
         if budget is None:
-            return None
+            return "no_pool"
         if self.max_running is not None and self.in_flight >= self.max_running + self.queue_target:
-            return None
+            return "max_running"
         queued = self.queued_estimate()
         if queued >= self.queue_target:
-            return None
+            return "queue"
         sample = self.sample
         if (
             sample is not None
             and (sample.token_usage or 0.0) > self.settings.pause_usage
             and (queued > 0)
         ):
-            return None
+            return "pause"
         present = self.present(candidate.prompt_tokens)
         if (
             present is not None
             and present > self.usage_target * (self.pool_tokens or 0)
             and (self.in_flight > 0)
         ):
-            return None
+            self.budget_bound |= candidate.lengths is not None
+            return "present"
         left = budget - self.peak(now, candidate)
         if left < 0 and self.in_flight > 0:
-            return None
+            self.budget_bound |= candidate.lengths is not None
+            return "forecast"
         return max(0.0, left)
 
     # --- adaptation ---------------------------------------------------------------------------
@@ -319,6 +287,7 @@ class Lane:
         if sample.running and sample.gen_throughput:
             rate = sample.gen_throughput / sample.running
             self.decode_rate = 0.7 * self.decode_rate + 0.3 * rate
+        self.mark_started(sample, previous)
         self.calibrate(sample)
         usage = sample.token_usage
         if usage is None and sample.used_tokens is not None and self.pool_tokens:
@@ -341,6 +310,14 @@ class Lane:
             self.maybe_creep(now)
         return retracted
 
+    def counts_retractions(self) -> bool:
+        """True when the server's samples carry a retraction count (the counter or the
+        retracted requests waiting): they report a retraction when it happens."""
+        sample = self.sample
+        return sample is not None and (
+            sample.retracted_total is not None or sample.retracted_waiting is not None
+        )
+
     def back_off(self, now: float) -> None:
         """A retraction: lower the target usage and hold it there for a while."""
         self.frozen_until = now + self.settings.freeze_s
@@ -357,14 +334,19 @@ class Lane:
         self.queue_target = max(1, self.queue_target // 2)
 
     def maybe_creep(self, now: float) -> None:
+        """Once per ``creep_every_s``: raise the target by ``creep`` when it is what held work
+        back (with learned lengths) and the pool's measured peak stayed under
+        ``calm_usage``; lower it by as much when the peak came within reach of a retraction
+        (``near_miss_usage``) though none happened. Frozen for ``freeze_s`` after one."""
         settings = self.settings
         if now < self.frozen_until or now - self.last_creep < settings.creep_every_s:
             return
         self.last_creep = now
-        peak = self.peak_usage
-        self.peak_usage = 0.0
-        calm = peak < self.usage_target - 0.03
-        if calm and self.queued_estimate() <= self.queue_target:
+        peak, self.peak_usage = self.peak_usage, 0.0
+        bound, self.budget_bound = self.budget_bound, False
+        if peak >= settings.near_miss_usage:
+            self.usage_target = max(settings.min_usage, self.usage_target - settings.creep)
+        elif bound and peak < settings.calm_usage:
             self.usage_target = min(settings.max_usage, self.usage_target + settings.creep)
         self.queue_target = min(self.queue_cap, self.queue_target + 1)
 
@@ -392,17 +374,14 @@ HORIZONS = (0, 16, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 61
 step); dense near now, where admission decisions bite."""
 
 
-def survival(lengths: list[int] | None, age: int, end: int, ahead: int) -> float:
+def survival(curve: SurvivalCurve | None, age: int, end: int, ahead: int) -> float:
     """P(a request that has generated ``age`` tokens is still running ``ahead`` tokens later).
 
-    From the learned lengths when there are any; else it ends at ``end`` (its projection). A
-    request older than every known answer is given another quarter of its age."""
-    if lengths is not None:
-        alive = len(lengths) - bisect.bisect_right(lengths, age)
-        if alive > 0:
-            return (len(lengths) - bisect.bisect_right(lengths, age + ahead)) / alive
-        end = max(age + 16, age * 5 // 4)
-    elif age >= end:
+    From the learned curve when there is one; else it ends at ``end`` (its projection), and a
+    request already past it is given another quarter of its age."""
+    if curve is not None:
+        return curve.alive(age, ahead)
+    if age >= end:
         end = max(age + 16, age * 5 // 4)
     return 1.0 if age + ahead < end else 0.0
 

@@ -26,11 +26,11 @@ from eagledata.capacity.controller import (
     ControllerSettings,
     Lane,
     LaneSample,
-    LengthModel,
     Ticket,
     fallback_concurrency,
     initial_queue_target,
 )
+from eagledata.capacity.lengths import LengthModel
 from eagledata.config import LoadSettings
 from eagledata.run.telemetry import TelemetryLog
 from eagledata.server.client import SGLangClient
@@ -56,6 +56,7 @@ def controller_settings(load: LoadSettings) -> ControllerSettings:
         freeze_s=load.freeze_s,
         creep_every_s=load.creep_every_s,
         length_quantile=load.length_quantile,
+        margin_sd=load.margin_sd,
         backoff_gap_s=2 * load.poll_interval_s,
     )
 
@@ -85,7 +86,9 @@ class LoadController:
             prior=prior,
             quantile=load.length_quantile,
             min_samples=self.settings.min_samples,
+            cap=max_new_tokens,
         )
+        self._ages_at = -float("inf")
         self.lanes: dict[str, list[Lane]] = {}
         self.plans: dict[str, ServerPlan] = {}
         self._waiters: deque[tuple[int, asyncio.Future[Ticket]]] = deque()
@@ -252,8 +255,22 @@ class LoadController:
         endpoint = self.client.endpoint(url)
         return endpoint is None or endpoint.healthy
 
+    def _refresh_curves(self, now: float) -> None:
+        """Tell the length model which requests are still running and how far along (at most
+        once per poll: ages move slowly), and give every ticket the current curve."""
+        if now - self._ages_at < self.load.poll_interval_s:
+            return
+        self._ages_at = now
+        tickets = [
+            (lane, t) for lanes in self.lanes.values() for lane in lanes for t in lane.tickets
+        ]
+        self.lengths.set_running((t.prompt_tokens, lane.age(t, now)) for lane, t in tickets)
+        for _, ticket in tickets:
+            ticket.lengths = self.lengths.curve(ticket.prompt_tokens)
+
     def _dispatch(self) -> None:
         now = time.monotonic()
+        self._refresh_curves(now)
         while self._waiters:
             prompt, fut = self._waiters[0]
             if fut.done():
@@ -261,7 +278,7 @@ class LoadController:
                 continue
             # Projected now, not when it started waiting: the length model learns meanwhile.
             projected = prompt + min(self.max_new_tokens, self.lengths.estimate(prompt))
-            lengths = self.lengths.distribution(prompt)
+            lengths = self.lengths.curve(prompt)
             best: tuple[float, Ticket] | None = None
             for url, lanes in self.lanes.items():
                 if not self._healthy(url):
@@ -292,8 +309,11 @@ class LoadController:
         now = time.monotonic()
         if completion_tokens is not None:
             self.lengths.add(ticket.prompt_tokens, completion_tokens)
+            self._ages_at = -float("inf")  # a new answer: new curves for everyone in flight
             lane.learn_rate(completion_tokens, now - ticket.sent_at)
-        if retractions:
+        if retractions and not lane.counts_retractions():
+            # A retraction reaches its response only when that request ends, often minutes
+            # after the server's counter showed it: news only from a server without a counter.
             lane.back_off(now)
         if queue_full:
             lane.queue_full()
@@ -327,9 +347,17 @@ class LoadController:
             "in_flight": self._in_flight(lane),
             "target": self.fixed if self.fixed is not None else lane.sustainable_running(),
             "target_usage": round(lane.usage_target, 3) if self.auto else None,
+            "forecast_usage": self._forecast_usage(lane),
             "queue_full": lane.rejections,
+            "held_by": dict(lane.held_by),
             "spec_accept_length": None if sample is None else sample.spec_accept_length,
         }
+
+    def _forecast_usage(self, lane: Lane) -> float | None:
+        """The peak share of the pool the controller forecasts for what is in flight now."""
+        if not self.auto or not lane.pool_tokens or lane.fallback_limit is not None:
+            return None
+        return round(lane.peak(time.monotonic()) / lane.pool_tokens, 4)
 
     def _write_telemetry(self) -> None:
         for lanes in self.lanes.values():
@@ -340,7 +368,14 @@ class LoadController:
                         **self._entry(lane, "none", None, None),
                         "source": "none",
                     }
-                entry = {**entry, "time": time.time(), "in_flight": self._in_flight(lane)}
+                entry = {
+                    **entry,
+                    "time": time.time(),
+                    "in_flight": self._in_flight(lane),
+                    "held_by": dict(lane.held_by),
+                    "forecast_usage": self._forecast_usage(lane),
+                }
+                lane.held_by.clear()
                 if self.telemetry is not None:
                     with contextlib.suppress(OSError):
                         self.telemetry.append(entry)

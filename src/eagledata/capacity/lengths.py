@@ -1,0 +1,167 @@
+"""What the controller knows of answer lengths: a high percentile per prompt-length bucket (the
+projection) and a survival curve (the forecast).
+
+Why a survival curve and not the lengths of the answers that ended: early in a run the answers
+that have ended are the short ones (a long answer is still running), so a distribution of ended
+answers alone promises room that is not there, and the first forecasts over-admit. The
+Kaplan-Meier estimator counts each request still running as an answer known to be longer than
+what it has generated so far (a censored observation), which removes that bias: until the long
+answers end, the curve keeps their mass alive, up to ``max_new_tokens``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+BUCKET_EDGES = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
+"""Prompt-length buckets (tokens): long prompts often ask for long answers."""
+
+
+def bucket_of(prompt_tokens: int) -> int:
+    return bisect.bisect_right(BUCKET_EDGES, prompt_tokens)
+
+
+@dataclass(frozen=True, slots=True)
+class SurvivalCurve:
+    """``S(t) = P(an answer is longer than t tokens)``, a step function, and no answer runs past
+    ``cap`` (``max_new_tokens``)."""
+
+    times: Sequence[int]
+    """The distinct lengths answers ended at, ascending."""
+    surviving: Sequence[float]
+    """``S`` just after each of ``times``."""
+    cap: int
+
+    def at(self, tokens: int) -> float:
+        if tokens >= self.cap:
+            return 0.0
+        index = bisect.bisect_right(self.times, tokens)
+        return 1.0 if index == 0 else self.surviving[index - 1]
+
+    def alive(self, age: int, ahead: int) -> float:
+        """P(a request that has generated ``age`` tokens is still running ``ahead`` later).
+
+        A request older than every answer seen, with no other request running that long (the
+        curve is 0 there), is given another quarter of its age."""
+        if age + ahead >= self.cap:
+            return 0.0
+        now = self.at(age)
+        if now <= 0.0:
+            return 1.0 if ahead < max(16, age // 4) else 0.0
+        return self.at(age + ahead) / now
+
+
+def kaplan_meier(ended: Sequence[int], running: Sequence[int], cap: int) -> SurvivalCurve:
+    """The survival curve of answer lengths from the answers that ended (``ended``, ascending)
+    and the ages of the requests still running (``running``, ascending: answers known to be
+    longer than their age). At each length ``t`` an answer ended at, ``S`` falls by the share
+    of the requests at risk there (ended at ``t`` or later, or running at age ``t`` or older)
+    that ended at ``t``."""
+    times: list[int] = []
+    surviving: list[float] = []
+    survival = 1.0
+    index = 0
+    total_ended, total_running = len(ended), len(running)
+    while index < total_ended:
+        length = ended[index]
+        same = bisect.bisect_right(ended, length, lo=index) - index
+        at_risk = (total_ended - index) + (total_running - bisect.bisect_left(running, length))
+        survival *= 1.0 - same / at_risk
+        times.append(length)
+        surviving.append(survival)
+        index += same
+    return SurvivalCurve(times, surviving, cap)
+
+
+class LengthModel:
+    """Answer lengths per prompt-length bucket, over the latest answers.
+
+    Until a bucket holds ``min_samples`` answers it borrows all buckets', and until those do,
+    ``prior`` (``max_new_tokens`` unless seeded: the pessimistic start)."""
+
+    def __init__(
+        self,
+        *,
+        prior: int,
+        quantile: float = 0.9,
+        min_samples: int = 16,
+        window: int = 512,
+        cap: int | None = None,
+    ) -> None:
+        self.prior = prior
+        self.quantile = quantile
+        self.min_samples = min_samples
+        self.cap = cap if cap is not None else prior
+        self._buckets: dict[int, deque[int]] = {}
+        self._all: deque[int] = deque(maxlen=window)
+        self._window = window
+        self._cache: dict[int, int] = {}
+        self._running: dict[int | None, list[int]] = {None: []}
+        self._curves: dict[int | None, SurvivalCurve] = {}
+
+    def add(self, prompt_tokens: int, completion_tokens: int) -> None:
+        bucket = self._buckets.setdefault(bucket_of(prompt_tokens), deque(maxlen=self._window))
+        bucket.append(completion_tokens)
+        self._all.append(completion_tokens)
+        self._cache.clear()
+        self._curves.clear()
+
+    def set_running(self, requests: Iterable[tuple[int, int]]) -> None:
+        """The requests in flight now, as (prompt tokens, tokens generated so far)."""
+        running: dict[int | None, list[int]] = {None: []}
+        for prompt_tokens, age in requests:
+            running.setdefault(bucket_of(prompt_tokens), []).append(age)
+            running[None].append(age)
+        for ages in running.values():
+            ages.sort()
+        self._running = running
+        self._curves.clear()
+
+    def _source(self, prompt_tokens: int) -> tuple[int | None, Sequence[int]] | None:
+        """The answers that stand for this prompt's: its bucket's, else all, else None."""
+        key = bucket_of(prompt_tokens)
+        bucket = self._buckets.get(key)
+        if bucket is not None and len(bucket) >= self.min_samples:
+            return key, bucket
+        if len(self._all) >= self.min_samples:
+            return None, self._all
+        return None
+
+    def estimate(self, prompt_tokens: int) -> int:
+        """The ``quantile`` of the answers that ended (the projection ``P + L90``)."""
+        key = bucket_of(prompt_tokens)
+        cached = self._cache.get(key)
+        if cached is not None:
+            return cached
+        source = self._source(prompt_tokens)
+        value = self.prior if source is None else _percentile(source[1], self.quantile)
+        self._cache[key] = value
+        return value
+
+    def curve(self, prompt_tokens: int) -> SurvivalCurve | None:
+        """The survival curve that stands for this prompt's answer (its bucket's, else all
+        buckets'), with the requests running now counted; None while too few answers ended.
+        A new object after every ``add`` or ``set_running``: safe to keep."""
+        source = self._source(prompt_tokens)
+        if source is None:
+            return None
+        key, ended = source
+        curve = self._curves.get(key)
+        if curve is None:
+            running = self._running.get(key, [])
+            curve = kaplan_meier(sorted(ended), running, self.cap)
+            self._curves[key] = curve
+        return curve
+
+    @property
+    def samples(self) -> int:
+        return len(self._all)
+
+
+def _percentile(values: Iterable[int], quantile: float) -> int:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, math.ceil(quantile * len(ordered)) - 1)]
