@@ -46,9 +46,9 @@ import aiohttp
 import httpx
 import orjson
 
-from eagledata.server.client import SGLangClient, new_rid, parse_generate_item
 from eagledata.errors import EagledataError
 from eagledata.run.scheduler import Scheduler
+from eagledata.server.client import SGLangClient, new_rid, parse_generate_item
 from eagledata.simserver import SimConfig
 
 RESULTS = Path(__file__).resolve().parent / "results" / "client.json"

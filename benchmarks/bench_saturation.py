@@ -2,25 +2,31 @@
 
 The simulated server runs SGLang's scheduler step by step (``simserver/capacity.py``): the
 reference bf16 pool of 116,000 tokens, the reference step-time fit, admission with the decaying
-``new_token_ratio``, retraction, ``--max-queued-requests 32``. Time runs ``TIME_SCALE`` times
-faster than modelled (one modelled second lasts 10 ms), and the client's controller timings are
-scaled the same way, so a modelled half hour takes about 20 s. ``eagledata generate`` runs as its
-own process against it (the product path: dataset, template, scheduler, controller, writer).
+``new_token_ratio``, retraction, ``--max-queued-requests 32`` (a launch profile's queue cap).
+Time runs ``--time-scale`` times modelled time (0.03: a modelled second lasts 30 ms, a minute of
+wall time is half an hour of the server's), and the client's controller timings are scaled the
+same way. ``eagledata generate`` runs as its own process against it (the product path: dataset,
+template, scheduler, controller, writer).
 
-The workload: prompts of 300-2,500 tokens (the tiny tokenizer's ChatML template around random
-words), answers that stop on their own at 3,000 tokens +- 50% (uniform), ``max_new_tokens``
-8,192: long thinking answers against a pool of ~30 of them, as on the reference job.
+The workload: prompts of 700-6,600 tokens (the tiny tokenizer's ChatML template around 250-2,300
+random words, ~2.85 tokens a word), ``max_new_tokens`` 8,192, and answers that stop on their own
+at 3,000 tokens +- 50% (uniform): long thinking answers, about 20 of them in the pool at once. The
+``tail`` section draws answers from an exponential distribution around 4,000 tokens instead
+(``max_new_tokens`` 16,384): the long tail of real thinking answers, where a few run 4-5x the
+mean. Answer lengths are a function of the prompt, so every point sees the same workload.
 
 Each point runs a warm-up, then measures a window, both in modelled time from the server's own
-clock: output tok/s, mean KV usage (time-weighted), retractions, 503s. Then:
+clock: output tok/s, mean KV usage and running batch (time-weighted), the share of time spent in
+prefill, retractions, 503s. Sections:
 
-* ``fixed 16/64/256/1024`` and ``auto`` on one server;
-* two servers of unequal speed (the second's step time doubled): ``auto`` on both against the
-  sum of each server's best fixed setting alone;
-* a changing workload: answers grow from 2,000 to 4,000 tokens halfway through the window.
+* ``single``: ``fixed 16/64/256/1024`` and ``auto`` on one server (``--repeat`` runs it again);
+* ``tail``: the exponential workload, ``fixed 8/16/64`` and ``auto``;
+* ``two``: two servers of unequal speed (the second's step time doubled): ``auto`` on both
+  against the sum of each server's best fixed setting alone;
+* ``changing``: answers grow from 2,000 to 4,000 tokens halfway through the window.
 
-    python benchmarks/bench_saturation.py            # every section, about 10 minutes on 2 cores
-    python benchmarks/bench_saturation.py --only single --measure 20
+    python benchmarks/bench_saturation.py                 # every section, ~30 minutes on 2 cores
+    python benchmarks/bench_saturation.py --only single --repeat 2
 
 Prints markdown tables and writes ``benchmarks/results/saturation.json``.
 """
@@ -36,7 +42,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -44,12 +50,35 @@ from eagledata.config import resolve_bundled
 from eagledata.simserver import SimConfig, SimServerThread
 
 RESULTS = Path(__file__).resolve().parent / "results" / "saturation.json"
-TIME_SCALE = 0.01
 POOL = 116_000
 QUEUE_CAP = 32
-WORKLOAD: dict[str, Any] = {"output_len_mean": 3000.0, "output_len_spread": 0.5}
-MAX_NEW = 8192
-WORDS = "alpha beta gamma delta model token cache server drafter answer think prompt".split()
+WORDS = [
+    "alpha",
+    "beta",
+    "gamma",
+    "delta",
+    "model",
+    "token",
+    "cache",
+    "server",
+    "drafter",
+    "answer",
+    "think",
+    "prompt",
+]
+
+
+@dataclass(frozen=True)
+class Workload:
+    max_new_tokens: int = 8192
+    answers: dict[str, Any] = field(
+        default_factory=lambda: {"output_len_mean": 3000.0, "output_len_spread": 0.5}
+    )
+
+
+UNIFORM = Workload()
+TAIL = Workload(16384, {"output_len_mean": 4000.0, "output_len_shape": "exponential"})
+GROWING = Workload(8192, {"output_len_mean": 2000.0, "output_len_spread": 0.5})
 
 
 @dataclass
@@ -58,26 +87,140 @@ class Point:
     servers: int
     tok_s: float
     kv_usage: float
+    running: float
+    prefill_share: float
     retractions: int
     queue_full: int
-    running: float
     modelled_s: float
 
 
-def sim_config(tokenizer: str, **overrides: Any) -> SimConfig:
-    fields: dict[str, Any] = {
-        "engine": "sglang",
-        "tokenizer_path": tokenizer,
-        "context_length": 32768,
-        "max_total_num_tokens": POOL,
-        "max_queued_requests": QUEUE_CAP,
-        "time_scale": TIME_SCALE,
-        "steps_per_tick": 8,
-        "length_fraction": 0.0,
-        **WORKLOAD,
-    }
-    fields.update(overrides)
-    return SimConfig(**fields)
+@dataclass
+class Bench:
+    tokenizer: str
+    dataset: Path
+    work: Path
+    time_scale: float
+    warmup: float
+    measure: float
+
+    def server(self, workload: Workload, **overrides: Any) -> SimConfig:
+        fields: dict[str, Any] = {
+            "engine": "sglang",
+            "tokenizer_path": self.tokenizer,
+            "context_length": 32768,
+            "max_total_num_tokens": POOL,
+            "max_queued_requests": QUEUE_CAP,
+            "time_scale": self.time_scale,
+            "steps_per_tick": 8,
+            "length_fraction": 0.0,
+            **workload.answers,
+        }
+        fields.update(overrides)
+        return SimConfig(**fields)
+
+    def write_config(
+        self, path: Path, urls: list[str], concurrency: str, run_dir: Path, max_new: int
+    ) -> None:
+        scale = self.time_scale
+        limit = json.dumps(concurrency if concurrency == "auto" else int(concurrency))
+        path.write_text(
+            f"""
+[tokenizer]
+name = "bundled:tokenizer/tiny-chatml"
+
+[generation]
+max_new_tokens = {max_new}
+temperature = 1.0
+
+[server]
+urls = {json.dumps(urls)}
+guard_interval_s = 5
+request_timeout_s = 600
+backoff_base_s = {scale * 10}
+
+[run]
+out_dir = "{run_dir}"
+concurrency = {limit}
+shard_size = 1000
+fsync_interval_s = 1.0
+
+[load]
+poll_interval_s = {scale}
+telemetry_interval_s = {10 * scale}
+creep_every_s = {30 * scale}
+freeze_s = {120 * scale}
+"""
+        )
+
+    def point(
+        self,
+        label: str,
+        configs: list[SimConfig],
+        concurrency: str,
+        workload: Workload,
+        change: dict[str, Any] | None = None,
+    ) -> Point:
+        """One client process against fresh servers: warm up, then measure a window."""
+        sims = [SimServerThread(config).start() for config in configs]
+        slug = label.replace(" ", "-")
+        config_path = self.work / f"{slug}.toml"
+        urls = [sim.url for sim in sims]
+        self.write_config(
+            config_path, urls, concurrency, self.work / f"run-{slug}", workload.max_new_tokens
+        )
+        cmd = [
+            sys.executable, "-m", "eagledata.cli", "generate", "--config", str(config_path),
+            "--dataset", str(self.dataset), "--no-progress",
+        ]  # fmt: skip
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+        log = (self.work / f"{slug}.log").open("wb")
+        client = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        try:
+            wait_for_traffic(sims, client)
+            time.sleep(self.warmup)
+            start = [engine_totals(sim) for sim in sims]
+            if change is not None:
+                time.sleep(self.measure / 2)
+                for sim in sims:
+                    sim.control(**change)
+                time.sleep(self.measure / 2)
+            else:
+                time.sleep(self.measure)
+            end = [engine_totals(sim) for sim in sims]
+        finally:
+            client.send_signal(signal.SIGINT)
+            time.sleep(0.5)
+            client.send_signal(signal.SIGINT)
+            try:
+                client.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                client.kill()
+            for sim in sims:
+                sim.stop()
+        sums = dict.fromkeys(("tok_s", "usage", "running", "prefill", "retracted", "503"), 0.0)
+        span = 0.0
+        for a, b in zip(start, end, strict=True):
+            modelled = b["time"] - a["time"]
+            span = max(span, modelled)
+            sums["tok_s"] += (b["decoded"] - a["decoded"]) / modelled
+            sums["usage"] += (b["usage_area"] - a["usage_area"]) / modelled / len(sims)
+            sums["running"] += (b["running_area"] - a["running_area"]) / modelled
+            sums["prefill"] += (b["prefill_s"] - a["prefill_s"]) / modelled / len(sims)
+            sums["retracted"] += b["retracted"] - a["retracted"]
+            sums["503"] += b["queue_full"] - a["queue_full"]
+        result = Point(
+            label=label,
+            servers=len(sims),
+            tok_s=sums["tok_s"],
+            kv_usage=sums["usage"],
+            running=sums["running"],
+            prefill_share=sums["prefill"],
+            retractions=int(sums["retracted"]),
+            queue_full=int(sums["503"]),
+            modelled_s=span,
+        )
+        print(row(result), flush=True)
+        return result
 
 
 def write_dataset(path: Path, rows: int, seed: int = 0) -> None:
@@ -89,49 +232,19 @@ def write_dataset(path: Path, rows: int, seed: int = 0) -> None:
             out.write(json.dumps({"id": f"p{index}", "prompt": text}) + "\n")
 
 
-def write_config(path: Path, urls: list[str], concurrency: str, run_dir: Path) -> None:
-    scale = TIME_SCALE
-    path.write_text(
-        f"""
-[tokenizer]
-name = "bundled:tokenizer/tiny-chatml"
-
-[generation]
-max_new_tokens = {MAX_NEW}
-temperature = 1.0
-
-[server]
-urls = {json.dumps(urls)}
-guard_interval_s = 5
-request_timeout_s = 600
-backoff_base_s = {scale * 10}
-
-[run]
-out_dir = "{run_dir}"
-concurrency = {json.dumps(concurrency if concurrency == "auto" else int(concurrency))}
-shard_size = 1000
-fsync_interval_s = 1.0
-
-[load]
-poll_interval_s = {3 * scale}
-telemetry_interval_s = {100 * scale}
-creep_every_s = {30 * scale}
-freeze_s = {120 * scale}
-"""
-    )
-
-
-def engine_totals(sims: list[SimServerThread]) -> dict[str, float]:
-    totals = {"decoded": 0.0, "area": 0.0, "time": 0.0, "retracted": 0.0, "queue_full": 0.0}
-    totals["running_area"] = 0.0
-    for sim in sims:
-        stats = sim.stats()
-        totals["queue_full"] += stats["outcomes"].get("queue_full", 0)
-        for rank in stats["engine"]:
-            totals["decoded"] += rank["decoded_tokens"]
-            totals["area"] += rank["usage_area"]
-            totals["time"] = max(totals["time"], rank["sim_time"])
-            totals["retracted"] += rank["retracted_total"]
+def engine_totals(sim: SimServerThread) -> dict[str, float]:
+    stats = sim.stats()
+    totals = {"queue_full": float(stats["outcomes"].get("queue_full", 0)), "time": 0.0}
+    names = {
+        "decoded": "decoded_tokens",
+        "usage_area": "usage_area",
+        "running_area": "running_area",
+        "prefill_s": "prefill_seconds",
+        "retracted": "retracted_total",
+    }
+    for key, name in names.items():
+        totals[key] = float(sum(rank[name] for rank in stats["engine"]))
+    totals["time"] = max(rank["sim_time"] for rank in stats["engine"])
     return totals
 
 
@@ -146,144 +259,94 @@ def wait_for_traffic(sims: list[SimServerThread], client: subprocess.Popen[bytes
     raise RuntimeError("no request reached the simulated servers")
 
 
-def run_point(
-    label: str,
-    configs: list[SimConfig],
-    concurrency: str,
-    dataset: Path,
-    work: Path,
-    *,
-    warmup: float,
-    measure: float,
-    change: dict[str, Any] | None = None,
-) -> Point:
-    sims = [SimServerThread(config).start() for config in configs]
-    run_dir = work / f"run-{label.replace(' ', '-')}"
-    config_path = work / f"{label.replace(' ', '-')}.toml"
-    write_config(config_path, [sim.url for sim in sims], concurrency, run_dir)
-    cmd = [
-        sys.executable, "-m", "eagledata.cli", "generate", "--config", str(config_path),
-        "--dataset", str(dataset), "--no-progress",
-    ]  # fmt: skip
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    log = (work / f"{label.replace(' ', '-')}.log").open("wb")
-    client = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-    try:
-        wait_for_traffic(sims, client)
-        time.sleep(warmup)
-        start = [engine_totals([sim]) for sim in sims]
-        if change is not None:
-            time.sleep(measure / 2)
-            for sim in sims:
-                sim.control(**change)
-            time.sleep(measure / 2)
-        else:
-            time.sleep(measure)
-        end = [engine_totals([sim]) for sim in sims]
-    finally:
-        client.send_signal(signal.SIGINT)
-        time.sleep(0.5)
-        client.send_signal(signal.SIGINT)
-        try:
-            client.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            client.kill()
-        for sim in sims:
-            sim.stop()
-    tok_s = usage = retracted = queue_full = 0.0
-    span = 0.0
-    for a, b in zip(start, end, strict=True):
-        modelled = b["time"] - a["time"]
-        span = max(span, modelled)
-        tok_s += (b["decoded"] - a["decoded"]) / modelled
-        usage += (b["area"] - a["area"]) / modelled / len(sims)
-        retracted += b["retracted"] - a["retracted"]
-        queue_full += b["queue_full"] - a["queue_full"]
-    return Point(
-        label=label,
-        servers=len(sims),
-        tok_s=tok_s,
-        kv_usage=usage,
-        retractions=int(retracted),
-        queue_full=int(queue_full),
-        running=0.0,
-        modelled_s=span,
+HEADER = (
+    "| setting | output tok/s | mean KV usage | mean running | prefill | retractions | 503s |\n"
+    "|---|---|---|---|---|---|---|"
+)
+
+
+def row(p: Point) -> str:
+    return (
+        f"| {p.label} | {p.tok_s:,.1f} | {100 * p.kv_usage:.1f}% | {p.running:.1f} | "
+        f"{100 * p.prefill_share:.1f}% | {p.retractions} | {p.queue_full} |"
     )
 
 
 def table(points: list[Point]) -> str:
-    lines = [
-        "| setting | output tok/s | mean KV usage | retractions | 503s | modelled s |",
-        "|---|---|---|---|---|---|",
-    ]
-    for p in points:
-        lines.append(
-            f"| {p.label} | {p.tok_s:,.0f} | {100 * p.kv_usage:.1f}% | {p.retractions} | "
-            f"{p.queue_full} | {p.modelled_s:,.0f} |"
-        )
-    return "\n".join(lines)
+    return "\n".join([HEADER, *(row(p) for p in points)])
+
+
+def versus_fixed(points: list[Point]) -> str:
+    best = max((p for p in points if p.label != "auto" and "auto" not in p.label), key=_tok_s)
+    auto = next(p for p in points if "auto" in p.label)
+    return (
+        f"auto / best fixed ({best.label}): {100 * auto.tok_s / best.tok_s:.1f}% "
+        f"(target >= 97%, zero retractions, zero 503s, mean KV >= 85%)"
+    )
+
+
+def _tok_s(point: Point) -> float:
+    return point.tok_s
 
 
 def main() -> None:
-    global TIME_SCALE, MAX_NEW
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--warmup", type=float, default=20.0, help="wall seconds")
-    parser.add_argument("--measure", type=float, default=20.0, help="wall seconds")
-    parser.add_argument("--only", choices=("single", "two", "changing"), action="append")
+    parser.add_argument("--measure", type=float, default=60.0, help="wall seconds")
+    parser.add_argument("--only", choices=("single", "tail", "two", "changing"), action="append")
     parser.add_argument("--fixed", type=int, nargs="*", default=[16, 64, 256, 1024])
+    parser.add_argument("--repeat", type=int, default=1, help="runs of the single section")
     parser.add_argument(
         "--time-scale",
         type=float,
-        default=TIME_SCALE,
+        default=0.03,
         help="wall seconds per modelled second; the client's poll and reaction delays, "
         "in modelled time, grow as it shrinks (a loaded machine makes them worse)",
     )
-    parser.add_argument("--answers", choices=("uniform", "exponential"), default="uniform")
-    parser.add_argument("--labels", nargs="*", help="single section: only these points")
     args = parser.parse_args()
-    TIME_SCALE = args.time_scale
-    if args.answers == "exponential":
-        WORKLOAD.clear()
-        WORKLOAD.update({"output_len_mean": 4000.0, "output_len_shape": "exponential"})
-        MAX_NEW = 16384
-    sections = args.only or ["single", "two", "changing"]
-    tokenizer = resolve_bundled("bundled:tokenizer/tiny-chatml")
+    sections = args.only or ["single", "tail", "two", "changing"]
     # Sections run on their own keep the others' results; each section says how it was run.
     results: dict[str, Any] = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
     results.update({"pool": POOL, "queue_cap": QUEUE_CAP})
-    results.pop("time_scale", None)
     runs: dict[str, Any] = results.setdefault("runs", {})
     load_start = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="bench-saturation-") as tmp:
-        work = Path(tmp)
-        dataset = work / "prompts.jsonl"
-        write_dataset(dataset, 3000)
-        timing = {"warmup": args.warmup, "measure": args.measure}
-        fast = sim_config(tokenizer)
-        slow = sim_config(tokenizer, step_base_s=0.154, step_per_request_s=0.00036, seed=1)
+        bench = Bench(
+            tokenizer=resolve_bundled("bundled:tokenizer/tiny-chatml"),
+            dataset=Path(tmp) / "prompts.jsonl",
+            work=Path(tmp),
+            time_scale=args.time_scale,
+            warmup=args.warmup,
+            measure=args.measure,
+        )
+        write_dataset(bench.dataset, 3000)
+        fast = bench.server(UNIFORM)
+        slow = bench.server(UNIFORM, step_base_s=0.154, step_per_request_s=0.00036, seed=1)
         if "single" in sections:
-            points = [
-                run_point(f"fixed {n}", [fast], str(n), dataset, work, **timing)
-                for n in args.fixed
-            ]
-            points.append(run_point("auto", [fast], "auto", dataset, work, **timing))
-            best = max(p.tok_s for p in points[:-1])
-            auto = points[-1]
-            print(table(points))
-            print(
-                f"\nauto / best fixed: {100 * auto.tok_s / best:.1f}% "
-                "(target >= 97%, zero retractions, zero 503s, mean KV >= 85%)\n"
-            )
-            results["single"] = [asdict(p) for p in points]
+            repeats = []
+            for attempt in range(args.repeat):
+                print(f"\n## single server, run {attempt + 1}\n\n{HEADER}", flush=True)
+                points = [bench.point(f"fixed {n}", [fast], str(n), UNIFORM) for n in args.fixed]
+                points.append(bench.point("auto", [fast], "auto", UNIFORM))
+                print(f"\n{versus_fixed(points)}\n")
+                repeats.append([asdict(p) for p in points])
+            results["single"] = repeats
+        if "tail" in sections:
+            print(f"\n## exponential answers\n\n{HEADER}", flush=True)
+            heavy = bench.server(TAIL)
+            points = [bench.point(f"tail fixed {n}", [heavy], str(n), TAIL) for n in (8, 16, 64)]
+            points.append(bench.point("tail auto", [heavy], "auto", TAIL))
+            print(f"\n{versus_fixed(points)}\n")
+            results["tail"] = [asdict(p) for p in points]
         if "two" in sections:
-            singles = {}
+            print(f"\n## two servers of unequal speed\n\n{HEADER}", flush=True)
+            singles: dict[str, list[Point]] = {}
             for name, config in (("fast", fast), ("slow", slow)):
                 for n in (16, 64):
-                    point = run_point(f"{name} fixed {n}", [config], str(n), dataset, work, **timing)
+                    point = bench.point(f"{name} fixed {n}", [config], str(n), UNIFORM)
                     singles.setdefault(name, []).append(point)
-            both = run_point("two servers auto", [fast, slow], "auto", dataset, work, **timing)
+            both = bench.point("two servers auto", [fast, slow], "auto", UNIFORM)
             best_sum = sum(max(p.tok_s for p in points) for points in singles.values())
-            print(table([*singles["fast"], *singles["slow"], both]))
             print(
                 f"\nauto on both / sum of single-server bests: {100 * both.tok_s / best_sum:.1f}% "
                 "(target >= 90%)\n"
@@ -294,20 +357,17 @@ def main() -> None:
                 "best_sum": best_sum,
             }
         if "changing" in sections:
-            grow = sim_config(tokenizer, output_len_mean=2000.0)
+            print(f"\n## answers grow from 2,000 to 4,000 tokens halfway\n\n{HEADER}", flush=True)
+            grow = bench.server(GROWING)
             points = [
-                run_point(
-                    label, [grow], concurrency, dataset, work,
-                    change={"output_len_mean": 4000.0}, **timing,
-                )  # fmt: skip
-                for label, concurrency in (("changing fixed 64", "64"), ("changing auto", "auto"))
+                bench.point(label, [grow], limit, GROWING, change={"output_len_mean": 4000.0})
+                for label, limit in (("changing fixed 64", "64"), ("changing auto", "auto"))
             ]
-            print(table(points))
             results["changing"] = [asdict(p) for p in points]
     for section in sections:
         runs[section] = {
             "command": " ".join(["python", "benchmarks/bench_saturation.py", *sys.argv[1:]]),
-            "time_scale": TIME_SCALE,
+            "time_scale": args.time_scale,
             "warmup_wall_s": args.warmup,
             "measure_wall_s": args.measure,
             "load_average_1min": [load_start, os.getloadavg()[0]],

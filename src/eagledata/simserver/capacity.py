@@ -99,6 +99,8 @@ class EngineRank:
     window_start: float = 0.0
     usage_area: float = 0.0
     """Integral of token_usage over modelled time, for the mean KV usage a benchmark reports."""
+    running_area: float = 0.0
+    """Integral of the running batch's size over modelled time."""
     sim_time: float = 0.0
     """Modelled seconds: iterations at their modelled length, idle gaps at wall time / scale
     (so Python's own overhead never counts as server time)."""
@@ -199,6 +201,7 @@ class CapacityEngine:
             rank.idle_since, rank.due = loop.time(), None
             return  # the head of the queue cannot be admitted into an empty pool: wait for work
         rank.usage_area += rank.used / config.max_total_num_tokens * seconds
+        rank.running_area += len(rank.running) * seconds
         rank.sim_time += seconds
         start = loop.time() if rank.due is None else max(rank.due, loop.time() - 0.05)
         rank.due = start + seconds * config.time_scale
@@ -349,6 +352,7 @@ class CapacityEngine:
                     "retracted_waiting": sum(1 for item in rank.queue if item.retractions),
                     "num_total_tokens": rank.used + waiting_tokens,
                     "usage_area": rank.usage_area,
+                    "running_area": rank.running_area,
                     "sim_time": rank.sim_time,
                     "decoded_tokens": rank.decoded_tokens,
                     "prefill_batches": rank.prefill_batches,
