@@ -26,9 +26,14 @@ prefill, retractions, 503s. Sections:
 * ``tail``: the exponential workload, ``fixed 8/16/64`` and ``auto``;
 * ``two``: two servers of unequal speed (the second's step time doubled): ``auto`` on both
   against the sum of each server's best fixed setting alone;
-* ``changing``: answers grow from 2,000 to 4,000 tokens halfway through the window.
+* ``changing``: answers grow from 2,000 to 4,000 tokens halfway through the window;
+* ``job``: ``fixed 64``, ``fixed 1024`` and ``auto`` each run a whole job (the first 500
+  prompts) to its end. A window holds only ~150 answers, and which ones fall in it differs
+  between settings and runs (under 503 churn, whichever request retries first takes a freed
+  queue slot), so one setting's window can hold shorter prompts than another's; the same
+  setting measured twice differs by up to 5%. A makespan has no such choice.
 
-    python benchmarks/bench_saturation.py                 # every section, ~30 minutes on 2 cores
+    python benchmarks/bench_saturation.py                 # every section, ~45 minutes on 2 cores
     python benchmarks/bench_saturation.py --only single --repeat 2
 
 Prints markdown tables and writes ``benchmarks/results/saturation.json``.
@@ -157,6 +162,49 @@ creep_every_s = {30 * scale}
 freeze_s = {120 * scale}
 """
         )
+
+    def job(self, label: str, config: SimConfig, concurrency: str, prompts: int) -> dict[str, Any]:
+        """A whole job: the first ``prompts`` prompts, run to the end. Its makespan has no
+        window to choose from: every answer, long prompt or short, is in it (and so are
+        auto's learning at the start and the drain at the end)."""
+        dataset = self.work / f"job-{prompts}.jsonl"
+        with self.dataset.open() as source, dataset.open("w") as out:
+            for _, line in zip(range(prompts), source, strict=False):
+                out.write(line)
+        sim = SimServerThread(config).start()
+        slug = label.replace(" ", "-")
+        run_dir = self.work / f"run-{slug}"
+        self.write_config(self.work / f"{slug}.toml", [sim.url], concurrency, run_dir, 8192)
+        cmd = [
+            sys.executable, "-m", "eagledata.cli", "generate", "--config",
+            str(self.work / f"{slug}.toml"), "--dataset", str(dataset), "--no-progress",
+        ]  # fmt: skip
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+        with (self.work / f"{slug}.log").open("wb") as log:
+            try:
+                code = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env).returncode
+                end = engine_totals(sim)
+            finally:
+                sim.stop()
+        written = count_records(run_dir)
+        if code != 0 or written != prompts:
+            raise RuntimeError(f"{label}: exit {code}, {written} of {prompts} records")
+        result: dict[str, Any] = {
+            "label": label,
+            "prompts": prompts,
+            "makespan_s": end["time"],
+            "tok_s": end["decoded"] / end["time"],
+            "kv_usage": end["usage_area"] / end["time"],
+            "retractions": int(end["retracted"]),
+            "queue_full": int(end["queue_full"]),
+        }
+        print(
+            f"| {label} | {result['makespan_s']:,.0f} | {result['tok_s']:,.1f} | "
+            f"{100 * result['kv_usage']:.1f}% | {result['retractions']} | "
+            f"{result['queue_full']} |",
+            flush=True,
+        )
+        return result
 
     def point(
         self,
@@ -308,7 +356,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--warmup", type=float, default=20.0, help="wall seconds")
     parser.add_argument("--measure", type=float, default=60.0, help="wall seconds")
-    parser.add_argument("--only", choices=("single", "tail", "two", "changing"), action="append")
+    parser.add_argument(
+        "--only", choices=("single", "tail", "two", "changing", "job"), action="append"
+    )
+    parser.add_argument("--job-prompts", type=int, default=500, help="prompts of the job section")
     parser.add_argument("--fixed", type=int, nargs="*", default=[16, 64, 256, 1024])
     parser.add_argument("--repeat", type=int, default=1, help="runs of the single section")
     parser.add_argument(
@@ -319,7 +370,7 @@ def main() -> None:
         "in modelled time, grow as it shrinks (a loaded machine makes them worse)",
     )
     args = parser.parse_args()
-    sections = args.only or ["single", "tail", "two", "changing"]
+    sections = args.only or ["single", "tail", "two", "changing", "job"]
     # Sections run on their own keep the others' results; each section says how it was run.
     results: dict[str, Any] = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
     results.update({"pool": POOL, "queue_cap": QUEUE_CAP})
@@ -371,6 +422,17 @@ def main() -> None:
                 "auto": asdict(both),
                 "best_sum": best_sum,
             }
+        if "job" in sections:
+            print(
+                f"\n## a whole job of {args.job_prompts} prompts\n\n"
+                "| setting | makespan (modelled s) | output tok/s | mean KV usage | "
+                "retractions | 503s |\n|---|---|---|---|---|---|",
+                flush=True,
+            )
+            results["job"] = [
+                bench.job(f"job {limit}", fast, limit.split()[-1], args.job_prompts)
+                for limit in ("fixed 64", "fixed 1024", "auto")
+            ]
         if "changing" in sections:
             print(f"\n## answers grow from 2,000 to 4,000 tokens halfway\n\n{HEADER}", flush=True)
             grow = bench.server(GROWING)

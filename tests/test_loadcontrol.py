@@ -147,6 +147,44 @@ def test_the_early_answers_do_not_raise_the_target() -> None:
     assert gate.usage_target == pytest.approx(0.85)
 
 
+def test_a_request_ages_from_when_the_server_admitted_it() -> None:
+    gate = lane(decode_rate=10.0)
+    tickets = [Ticket(gate, 100, 400, float(sent)) for sent in (0, 1, 2)]
+    for ticket in tickets:
+        gate.tickets[ticket] = None
+    # At t=4 the server runs two requests and queues one: ours, first come first served.
+    gate.observe(LaneSample(time=4.0, waiting=1), 4.0)
+    assert [t.started_at is not None for t in tickets] == [True, True, False]
+    assert gate.age(tickets[2], 6.0) == 0  # still queued: it holds its prompt, nothing more
+    assert 0 < gate.age(tickets[1], 6.0) < gate.age(tickets[0], 6.0) <= 60
+    gate.observe(LaneSample(time=5.0, waiting=0), 5.0)
+    assert tickets[2].started_at == pytest.approx(4.5)  # admitted between the two samples
+
+
+def test_a_retraction_reported_again_by_its_response_backs_off_once() -> None:
+    async def targets() -> tuple[float, float]:
+        async with SGLangClient(["http://127.0.0.1:9"], in_flight=1) as client:
+            control = LoadController(
+                client, LoadSettings(), fixed=None, max_new_tokens=1024, telemetry=None,
+                note=lambda _: None,
+            )  # fmt: skip
+            control.add_server(ServerPlan("http://127.0.0.1:9", None, None))
+            counted, blind = control.lanes["http://127.0.0.1:9"][0], lane()
+            counted.pool_tokens = 10_000
+            counted.observe(LaneSample(time=0.0, retracted_total=0), 0.0)
+            counted.observe(LaneSample(time=1.0, retracted_total=1), 1.0)  # the counter: -0.05
+            for gate in (counted, blind):
+                ticket = Ticket(gate, 100, 400, 0.0)
+                gate.tickets[ticket] = None
+                # Minutes later the retracted request ends and its response says so too.
+                control.release(ticket, completion_tokens=300, retractions=1)
+            return counted.usage_target, blind.usage_target
+
+    counted, blind = asyncio.run(targets())
+    assert counted == pytest.approx(0.80)  # once, from the counter, not again from the response
+    assert blind == pytest.approx(0.80)  # a server without a counter: the response is the news
+
+
 def test_a_retracted_request_waiting_in_the_queue_is_one_retraction() -> None:
     gate = lane(usage_target=0.85)
     assert gate.observe(LaneSample(time=0.0, retracted_waiting=1), 0.0)
