@@ -42,6 +42,7 @@ Prints markdown tables and writes ``benchmarks/results/saturation.json``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -110,6 +111,8 @@ class Bench:
     time_scale: float
     warmup: float
     measure: float
+    load: dict[str, float] = field(default_factory=dict)
+    """Extra ``[load]`` settings (``--load KEY=VALUE``), for experiments on the controller."""
 
     def server(self, workload: Workload, **overrides: Any) -> SimConfig:
         fields: dict[str, Any] = {
@@ -161,7 +164,19 @@ telemetry_interval_s = {10 * scale}
 creep_every_s = {30 * scale}
 freeze_s = {120 * scale}
 """
+            + "".join(f"{key} = {value}\n" for key, value in self.load.items())
         )
+
+    def slug(self, label: str) -> str:
+        """A name for a point's files that no earlier point used: a repeated point in the same
+        folder must start a new run, not resume the last one (which would skip the prompts it
+        wrote and so measure other prompts)."""
+        base = label.replace(" ", "-")
+        slug, count = base, 1
+        while (self.work / f"run-{slug}").exists():
+            count += 1
+            slug = f"{base}-{count}"
+        return slug
 
     def job(self, label: str, config: SimConfig, concurrency: str, prompts: int) -> dict[str, Any]:
         """A whole job: the first ``prompts`` prompts, run to the end. Its makespan has no
@@ -172,7 +187,7 @@ freeze_s = {120 * scale}
             for _, line in zip(range(prompts), source, strict=False):
                 out.write(line)
         sim = SimServerThread(config).start()
-        slug = label.replace(" ", "-")
+        slug = self.slug(label)
         run_dir = self.work / f"run-{slug}"
         self.write_config(self.work / f"{slug}.toml", [sim.url], concurrency, run_dir, 8192)
         cmd = [
@@ -216,7 +231,7 @@ freeze_s = {120 * scale}
     ) -> Point:
         """One client process against fresh servers: warm up, then measure a window."""
         sims = [SimServerThread(config).start() for config in configs]
-        slug = label.replace(" ", "-")
+        slug = self.slug(label)
         config_path = self.work / f"{slug}.toml"
         urls = [sim.url for sim in sims]
         self.write_config(
@@ -369,14 +384,42 @@ def main() -> None:
         help="wall seconds per modelled second; the client's poll and reaction delays, "
         "in modelled time, grow as it shrinks (a loaded machine makes them worse)",
     )
+    parser.add_argument(
+        "--job-settings",
+        nargs="*",
+        default=["fixed 64", "fixed 1024", "auto"],
+        help="the settings of the job section ('fixed N' or 'auto')",
+    )
+    parser.add_argument(
+        "--load",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an extra [load] setting for every point (a controller experiment; not for the "
+        "docs' tables)",
+    )
+    parser.add_argument("--results", type=Path, default=RESULTS, help="the JSON file to update")
+    parser.add_argument(
+        "--keep",
+        type=Path,
+        help="run in this folder and keep it (each point's run directory, telemetry and log)",
+    )
     args = parser.parse_args()
     sections = args.only or ["single", "tail", "two", "changing", "job"]
     # Sections run on their own keep the others' results; each section says how it was run.
-    results: dict[str, Any] = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    results_path: Path = args.results
+    results: dict[str, Any] = json.loads(results_path.read_text()) if results_path.exists() else {}
     results.update({"pool": POOL, "queue_cap": QUEUE_CAP})
     runs: dict[str, Any] = results.setdefault("runs", {})
     load_start = os.getloadavg()[0]
-    with tempfile.TemporaryDirectory(prefix="bench-saturation-") as tmp:
+    if args.keep is not None:
+        args.keep.mkdir(parents=True, exist_ok=True)
+    workdir = (
+        contextlib.nullcontext(str(args.keep))
+        if args.keep is not None
+        else tempfile.TemporaryDirectory(prefix="bench-saturation-")
+    )
+    with workdir as tmp:
         bench = Bench(
             tokenizer=resolve_bundled("bundled:tokenizer/tiny-chatml"),
             dataset=Path(tmp) / "prompts.jsonl",
@@ -384,6 +427,7 @@ def main() -> None:
             time_scale=args.time_scale,
             warmup=args.warmup,
             measure=args.measure,
+            load={k: float(v) for k, v in (item.split("=", 1) for item in args.load)},
         )
         write_dataset(bench.dataset, 3000)
         fast = bench.server(UNIFORM)
@@ -431,7 +475,7 @@ def main() -> None:
             )
             results["job"] = [
                 bench.job(f"job {limit}", fast, limit.split()[-1], args.job_prompts)
-                for limit in ("fixed 64", "fixed 1024", "auto")
+                for limit in args.job_settings
             ]
         if "changing" in sections:
             print(f"\n## answers grow from 2,000 to 4,000 tokens halfway\n\n{HEADER}", flush=True)
@@ -448,9 +492,10 @@ def main() -> None:
             "warmup_wall_s": args.warmup,
             "measure_wall_s": args.measure,
             "load_average_1min": [load_start, os.getloadavg()[0]],
+            "load_settings": bench.load,
         }
-    RESULTS.parent.mkdir(exist_ok=True)
-    RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+    results_path.parent.mkdir(parents=True, exist_ok=True)
+    results_path.write_text(json.dumps(results, indent=2) + "\n")
 
 
 if __name__ == "__main__":
