@@ -107,8 +107,10 @@ def test_the_gate_fills_the_pool_to_its_target_and_no_further() -> None:
             break
         gate.tickets[ticket] = None
         admitted += 1
-    # Each request will hold up to 320 tokens: ~9,000 / 320 = 28 fit, with a margin.
-    assert 20 <= admitted <= 28
+    # They all start now, so the pool peaks when the first one ends, each then holding 200 + ~80
+    # tokens: 9,000 / 280 = 32 fit. (Each one's own peak, 200 + 120, never comes at the same
+    # time as the others': a bound of 320 a request would admit only 28.)
+    assert 29 <= admitted <= 32
     assert gate.peak(0.0) <= 0.9 * 10_000
 
 
@@ -133,6 +135,33 @@ def test_a_retraction_backs_off_and_freezes_then_calm_creeps_back() -> None:
     gate.observe(LaneSample(time=15.0, retracted_total=2, token_usage=0.99), 15.0)
     gate.observe(LaneSample(time=16.0, retracted_total=2, token_usage=0.7), 16.0)
     assert gate.usage_target == pytest.approx(0.80)
+
+
+def test_the_creep_stops_below_the_target_that_retracted_until_the_ceiling_lifts() -> None:
+    settings = ControllerSettings(
+        freeze_s=10, creep_every_s=1, backoff_gap_s=0.5, ceiling_hold_s=100
+    )
+    gate = Lane(
+        server="http://s", rank=None, settings=settings, pool_tokens=10_000, usage_target=0.9
+    )
+    gate.observe(LaneSample(time=0.0, retracted_total=0, token_usage=0.5), 0.0)
+    assert gate.observe(LaneSample(time=1.0, retracted_total=1, token_usage=0.9), 1.0)
+    assert gate.usage_target == pytest.approx(0.85) and gate.ceiling == pytest.approx(0.9)
+
+    def calm_periods(start: int, count: int) -> None:
+        for second in range(start, start + count):
+            gate.budget_bound = True  # the target held work back in every period
+            gate.observe(LaneSample(time=second, retracted_total=1, token_usage=0.6), second)
+
+    calm_periods(12, 30)  # after the freeze: +0.01 a period, but not up to 0.90 again
+    assert gate.usage_target == pytest.approx(0.89)
+    calm_periods(42, 40)  # the ceiling still holds 80 s after the retraction
+    assert gate.usage_target == pytest.approx(0.89)
+    calm_periods(82, 30)  # 100 s without a retraction: the ceiling lifts one step
+    assert gate.ceiling == pytest.approx(0.91) and gate.usage_target == pytest.approx(0.90)
+    # A retraction at a lower target than the ceiling lowers the ceiling to it.
+    assert gate.observe(LaneSample(time=120.0, retracted_total=2, token_usage=0.9), 120.0)
+    assert gate.ceiling == pytest.approx(0.90) and gate.usage_target == pytest.approx(0.85)
 
 
 def test_the_early_answers_do_not_raise_the_target() -> None:

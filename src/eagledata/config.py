@@ -153,11 +153,15 @@ class LoadSettings(Strict):
     freeze_s: float = Field(120.0, ge=0, description="No increase this long after a retraction")
     creep_every_s: float = Field(30.0, gt=0, description="Period of the +0.01 increases")
     length_quantile: float = Field(0.9, gt=0, le=1, description="Answer-length percentile")
-    margin_sd: float = Field(
-        1.0, ge=0, le=5, description="The KV forecast's margin, in standard deviations"
+    overflow_quantile: float = Field(
+        0.9,
+        gt=0,
+        lt=1,
+        description="Share of the sampled futures of what is in flight whose KV peak must stay "
+        "within the target usage",
     )
     expected_output_tokens: int | None = Field(
-        None, ge=1, description="Answer-length prior until 16 answers are in (max_new_tokens)"
+        None, ge=1, description="Answer-length prior until 8 answers are in (max_new_tokens)"
     )
 
 

@@ -20,11 +20,12 @@ The gate, per lane (one DP rank of one server, or a router's workers together):
   end follows its bucket's survival curve given that it has run ``g`` tokens (Kaplan-Meier over
   the answers that ended and the requests still running, so the short answers that end first do
   not make the forecast optimistic), or, before any answers end, it ends at its projection.
-* The controller **forecasts** the KV its requests will hold over the coming steps, per interval
-  between ``HORIZONS`` (each request bounded from above over the interval), as a mean and a
-  variance, and admits a request only if ``max over intervals (mean + margin_sd x sd)``, plus
-  the load the server reports that ours does not explain, stays within ``u* x pool``. The pool's
-  measured use plus what was sent since must stay within it too.
+* The controller **forecasts** the highest KV its requests will hold before they end, over
+  sampled futures (``capacity/forecast.py``: each request's remaining length drawn from its
+  curve given its age), and admits a request only if the ``overflow_quantile`` of that peak,
+  with the request added, plus the load the server reports that ours does not explain, stays
+  within ``u* x pool``. The pool's measured use plus what was sent since must stay within it
+  too.
 * The server's queue is kept just deep enough to fill its next prefill batch:
   ``q* = max(2, ceil(chunked_prefill_size / mean prompt))``, halved on a 503.
 * AIMD on the target usage ``u*`` (start 0.85, in [0.60, 0.95]): any retraction takes 0.05 off
@@ -33,6 +34,10 @@ The gate, per lane (one DP rank of one server, or a router's workers together):
   pool's measured peak stayed under ``calm_usage``; it falls by 0.01 if the peak came within
   reach of a retraction (``near_miss_usage``) though none happened. At a measured usage above
   0.97 with a queue, admissions pause (a retraction is imminent).
+* A **ceiling**: the target a retraction happened at. The creep stops one step below it, so the
+  AIMD does not probe back into the retraction it backed off from, every ``freeze_s``, on a
+  workload whose answers have a long tail; the ceiling lifts by one step for every
+  ``ceiling_hold_s`` without a retraction, because the workload it was learned on may change.
 * No signal at all: the planner's number (``fallback_concurrency``), in-flight requests only.
 
 In steady state this converges near ``W* = u* C / E_held`` running requests, where ``E_held =
@@ -45,6 +50,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
+
+from eagledata.capacity.forecast import Flight, Floats, new_draws, peak_quantile
 from eagledata.capacity.lengths import SurvivalCurve
 from eagledata.capacity.planner import CLIENT_QUEUE_HEADROOM
 
@@ -71,8 +79,10 @@ class ControllerSettings:
     reference run decoded ~10-12 tok/s per sequence)."""
     backoff_gap_s: float = 2.0
     """Signals of one retraction arrive through several channels: one backoff per gap."""
-    margin_sd: float = 1.0
-    """The forecast's safety margin, in standard deviations of the KV it forecasts."""
+    overflow_quantile: float = 0.9
+    """The share of sampled futures whose KV peak must stay within the target share."""
+    ceiling_hold_s: float = 600.0
+    """How long a retraction's ceiling holds the creep below it, per step it lifts."""
 
 
 @dataclass(slots=True, eq=False)
@@ -88,6 +98,9 @@ class Ticket:
     the live loop refreshes it as answers end."""
     started_at: float | None = None
     """When the server admitted it, estimated from its queue counts (None: still queued)."""
+    draws: Floats | None = None
+    """Its uniforms for the sampled futures (``capacity/forecast.py``), drawn on first use and
+    kept for its life."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +141,11 @@ class Lane:
     age_scale: float = 1.0
     frozen_until: float = 0.0
     last_backoff: float = -math.inf
+    ceiling: float | None = None
+    """The target usage the last retraction happened at (None: none yet); the creep stays
+    below it."""
+    ceiling_since: float = 0.0
+    """When the ceiling was set or last lifted."""
     last_creep: float = 0.0
     peak_usage: float = 0.0
     retractions: int = 0
@@ -136,6 +154,7 @@ class Lane:
     """Requests held back since the last telemetry line, by the rule that held them."""
     budget_bound: bool = False
     """The target share held a request back since the last creep period."""
+    rng: np.random.Generator = field(default_factory=lambda: np.random.default_rng(0))
 
     @property
     def in_flight(self) -> int:
@@ -183,13 +202,18 @@ class Lane:
         generated = sample.used_tokens - sum(t.prompt_tokens for t in running)
         self.age_scale = min(4.0, max(0.25, generated / raw))
 
-    def forecast(self, now: float) -> tuple[list[float], list[float]]:
-        """Mean and variance of the KV our requests hold at each of ``HORIZONS`` tokens ahead."""
-        mean = [0.0] * len(HORIZONS)
-        var = [0.0] * len(HORIZONS)
-        for ticket in self.tickets:
-            add_request(mean, var, ticket.prompt_tokens, self.age(ticket, now), ticket)
-        return mean, var
+    def flight(self, ticket: Ticket, now: float) -> Flight:
+        """A request as the forecast sees it now."""
+        if ticket.draws is None:
+            ticket.draws = new_draws(self.rng)
+        age = self.age(ticket, now)
+        return Flight(
+            held=ticket.prompt_tokens + age,
+            age=age,
+            end=ticket.projected - ticket.prompt_tokens,
+            curve=ticket.lengths,
+            draws=ticket.draws,
+        )
 
     def unexplained(self, now: float) -> float:
         """KV the server reports that our requests in flight do not account for (another
@@ -201,14 +225,11 @@ class Lane:
         return max(0.0, sample.used_tokens - ours)
 
     def peak(self, now: float, extra: Ticket | None = None) -> float:
-        """The highest KV forecast over the horizons (mean + ``margin_sd`` standard deviations),
-        with ``extra`` admitted, plus the unexplained load."""
-        mean, var = self.forecast(now)
-        if extra is not None:
-            add_request(mean, var, extra.prompt_tokens, 0, extra)
-        z = self.settings.margin_sd
-        worst = max(m + z * math.sqrt(v) for m, v in zip(mean, var, strict=True))
-        return self.unexplained(now) + worst
+        """The highest KV what is in flight (and ``extra``, admitted now) will hold before it
+        ends, at the ``overflow_quantile`` of the sampled futures, plus the unexplained load."""
+        tickets = [*self.tickets, extra] if extra is not None else list(self.tickets)
+        flights = [self.flight(ticket, now) for ticket in tickets]
+        return self.unexplained(now) + peak_quantile(flights, self.settings.overflow_quantile)
 
     def budget(self) -> float | None:
         """The KV the lane may hold: the target share of the pool."""
@@ -326,6 +347,11 @@ class Lane:
             return
         self.last_backoff = now
         self.retractions += 1
+        # The ceiling is the target that retracted, never above the previous ceiling: a lower
+        # retraction teaches more than the higher one it replaces.
+        at = self.usage_target
+        self.ceiling = at if self.ceiling is None else min(self.ceiling, at)
+        self.ceiling_since = now
         self.usage_target = max(self.settings.min_usage, self.usage_target - self.settings.backoff)
 
     def queue_full(self) -> None:
@@ -336,9 +362,11 @@ class Lane:
     def maybe_creep(self, now: float) -> None:
         """Once per ``creep_every_s``: raise the target by ``creep`` when it is what held work
         back (with learned lengths) and the pool's measured peak stayed under
-        ``calm_usage``; lower it by as much when the peak came within reach of a retraction
-        (``near_miss_usage``) though none happened. Frozen for ``freeze_s`` after one."""
+        ``calm_usage``, up to one step below the ceiling; lower it by as much when the peak
+        came within reach of a retraction (``near_miss_usage``) though none happened. Frozen
+        for ``freeze_s`` after one."""
         settings = self.settings
+        self._lift_ceiling(now)
         if now < self.frozen_until or now - self.last_creep < settings.creep_every_s:
             return
         self.last_creep = now
@@ -347,8 +375,24 @@ class Lane:
         if peak >= settings.near_miss_usage:
             self.usage_target = max(settings.min_usage, self.usage_target - settings.creep)
         elif bound and peak < settings.calm_usage:
-            self.usage_target = min(settings.max_usage, self.usage_target + settings.creep)
+            highest = settings.max_usage
+            if self.ceiling is not None:
+                highest = min(highest, self.ceiling - settings.creep)
+            # Rounded, so 0.80 + 0.01 x 4 stays under a ceiling of 0.85 rather than 1e-16 over.
+            raised = round(self.usage_target + settings.creep, 6)
+            if raised <= round(highest, 6):
+                self.usage_target = raised
         self.queue_target = min(self.queue_cap, self.queue_target + 1)
+
+    def _lift_ceiling(self, now: float) -> None:
+        """One creep step up for every ``ceiling_hold_s`` without a retraction; gone once it is
+        above the highest target."""
+        if self.ceiling is None or now - self.ceiling_since < self.settings.ceiling_hold_s:
+            return
+        self.ceiling_since = now
+        self.ceiling += self.settings.creep
+        if self.ceiling > self.settings.max_usage + self.settings.creep:
+            self.ceiling = None
 
     def learn_rate(self, completion_tokens: int, seconds: float) -> None:
         """A finished request's tokens over its time (queue wait included: an underestimate,
@@ -367,38 +411,6 @@ class Lane:
         # A request holds P at its start and P + L at its end: P + L/2 on average over its life.
         held = sum((t.prompt_tokens + t.projected) / 2 for t in self.tickets) / len(self.tickets)
         return max(1, int(budget / max(1.0, held)))
-
-
-HORIZONS = (0, 16, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 16384)
-"""Tokens ahead where the forecast's intervals start (every running request grows one per
-step); dense near now, where admission decisions bite."""
-
-
-def survival(curve: SurvivalCurve | None, age: int, end: int, ahead: int) -> float:
-    """P(a request that has generated ``age`` tokens is still running ``ahead`` tokens later).
-
-    From the learned curve when there is one; else it ends at ``end`` (its projection), and a
-    request already past it is given another quarter of its age."""
-    if curve is not None:
-        return curve.alive(age, ahead)
-    if age >= end:
-        end = max(age + 16, age * 5 // 4)
-    return 1.0 if age + ahead < end else 0.0
-
-
-def add_request(mean: list[float], var: list[float], prompt: int, age: int, ticket: Ticket) -> None:
-    """Add one request's KV forecast over each interval between two horizons: it holds at most
-    prompt + age + (the interval's end) tokens, if it is still running at the interval's start
-    (a bound over the whole interval, so a peak between two horizons is not missed)."""
-    end = ticket.projected - ticket.prompt_tokens
-    for index, ahead in enumerate(HORIZONS):
-        alive = survival(ticket.lengths, age, end, ahead)
-        if alive <= 0.0:
-            break
-        following = HORIZONS[index + 1] if index + 1 < len(HORIZONS) else 2 * ahead
-        held = prompt + age + following
-        mean[index] += held * alive
-        var[index] += held * held * alive * (1.0 - alive)
 
 
 def _sent_at(ticket: Ticket) -> float:

@@ -54,9 +54,12 @@ def controller_settings(load: LoadSettings) -> ControllerSettings:
         min_usage=load.min_usage,
         max_usage=load.max_usage,
         freeze_s=load.freeze_s,
+        # A ceiling holds for five freezes a step: long enough for the creep not to re-probe a
+        # retraction it learned of, short enough to follow a workload that changes.
+        ceiling_hold_s=5 * load.freeze_s,
         creep_every_s=load.creep_every_s,
         length_quantile=load.length_quantile,
-        margin_sd=load.margin_sd,
+        overflow_quantile=load.overflow_quantile,
         backoff_gap_s=2 * load.poll_interval_s,
     )
 
@@ -347,6 +350,9 @@ class LoadController:
             "in_flight": self._in_flight(lane),
             "target": self.fixed if self.fixed is not None else lane.sustainable_running(),
             "target_usage": round(lane.usage_target, 3) if self.auto else None,
+            "usage_ceiling": (
+                round(lane.ceiling, 3) if self.auto and lane.ceiling is not None else None
+            ),
             "forecast_usage": self._forecast_usage(lane),
             "queue_full": lane.rejections,
             "held_by": dict(lane.held_by),
