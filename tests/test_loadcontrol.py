@@ -20,7 +20,7 @@ from eagledata.capacity.controller import (
 )
 from eagledata.capacity.lengths import LengthModel, kaplan_meier
 from eagledata.config import LoadSettings
-from eagledata.run import pipeline
+from eagledata.run import pipeline, session
 from eagledata.run.loadcontrol import LoadController, ServerPlan
 from eagledata.run.status import latest_load
 from eagledata.run.telemetry import ROTATED_FILE, TelemetryLog, read_telemetry
@@ -85,6 +85,18 @@ def test_the_survival_curve_counts_the_requests_still_running() -> None:
     assert curve.alive(150, 0) == pytest.approx(1.0)
     # A request older than every answer and every other request gets a quarter more.
     assert alone.alive(400, 50) == 1.0 and alone.alive(400, 100) == 0.0
+
+
+def test_seeded_lengths_stand_for_every_bucket_until_it_has_its_own() -> None:
+    model = LengthModel(prior=8192, quantile=0.9, min_samples=8, window=512, cap=8192)
+    assert model.curve(3000) is None and model.estimate(3000) == 8192
+    # The newest 512, oldest first: the older long answers fall out of the window.
+    assert model.seed([5000] * 100 + list(range(1000, 3048, 4))) == 512
+    assert model.curve(3000) is not None
+    assert model.estimate(3000) == 2840 and model.estimate(100) == 2840
+    for _ in range(8):
+        model.add(100, 300)  # short prompts' own answers
+    assert model.estimate(100) == 300 and model.estimate(3000) == 2840
 
 
 def test_the_length_model_hands_out_curves_with_the_running_requests() -> None:
@@ -336,6 +348,28 @@ def test_auto_fills_the_pool_without_retraction_and_writes_everything_once(
     assert entries[-1]["source"] == "loads"
     # It filled the pool: at some point more than half of it held our requests.
     assert max(e["token_usage"] or 0 for e in entries) > 0.5
+
+
+def test_a_resumed_run_starts_from_the_answer_lengths_its_records_hold(
+    tokenizer_dir: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seeded: list[tuple[int, int]] = []
+    real = session.load_controller
+
+    async def spy(*args: Any, **kwargs: Any) -> LoadController:
+        control = await real(*args, **kwargs)
+        seeded.append((control.lengths.samples, control.lengths.estimate(100)))
+        return control
+
+    monkeypatch.setattr(session, "load_controller", spy)
+    with SimServerThread(engine(tokenizer_dir)) as sim:
+        run_auto(sim, tmp_path / "run")
+        summary = pipeline.resume(tmp_path / "run", progress=False)
+    assert (summary.planned, summary.written) == (40, 40)
+    lengths = sorted(r["completion_tokens"] for r in read_records(tmp_path / "run"))
+    assert seeded[0] == (0, 512)  # a new run: nothing learned, the max_new_tokens prior
+    ninetieth = lengths[-(-9 * len(lengths) // 10) - 1]
+    assert seeded[1] == (40, ninetieth)  # resumed: what its 40 records say
 
 
 def test_fixed_concurrency_over_admits_and_the_server_retracts(

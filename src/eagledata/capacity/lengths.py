@@ -110,6 +110,17 @@ class LengthModel:
         self._cache.clear()
         self._curves.clear()
 
+    def seed(self, completion_tokens: Sequence[int]) -> int:
+        """Answers a previous session of the run already wrote (their lengths only: a shard
+        index does not keep each record's prompt length), oldest first. They count for every
+        bucket until a bucket has answers of its own, so a resumed run starts from what its
+        records say instead of the ``max_new_tokens`` prior. Returns how many were taken."""
+        taken = completion_tokens[-self._window :]
+        self._all.extend(taken)
+        self._cache.clear()
+        self._curves.clear()
+        return len(taken)
+
     def set_running(self, requests: Iterable[tuple[int, int]]) -> None:
         """The requests in flight now, as (prompt tokens, tokens generated so far)."""
         running: dict[int | None, list[int]] = {None: []}

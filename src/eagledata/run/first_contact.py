@@ -7,6 +7,7 @@ the servers report, and set the load controller over them (routers read through 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Sequence
 
 from eagledata.config import AppConfig
 from eagledata.errors import EagledataError, ServerRefusedError, ServerUnavailableError
@@ -57,8 +58,11 @@ async def load_controller(
     fixed: int | None,
     telemetry: TelemetryLog,
     progress: Progress,
+    known_lengths: Sequence[int] = (),
 ) -> LoadController:
-    """The load controller over every server, routers read through their workers."""
+    """The load controller over every server, routers read through their workers, its answer
+    lengths seeded with ``known_lengths`` (what the run's records already hold, oldest first:
+    a resumed run does not start from the pessimistic prior again)."""
     load = LoadController(
         client,
         config.load,
@@ -67,6 +71,7 @@ async def load_controller(
         telemetry=telemetry,
         note=lambda message: progress.note(message),
     )
+    load.lengths.seed(known_lengths)
     for endpoint in client.endpoints:
         workers = None
         if endpoint.healthy:

@@ -235,7 +235,9 @@ class Run:
                     guard.checks.append(monitor)
                     self.checks_s += time.monotonic() - canary_started
                 telemetry = TelemetryLog(self.run_dir.path, config.load.telemetry_max_bytes)
-                load = await load_controller(client, kv_guard, config, fixed, telemetry, progress)
+                load = await load_controller(
+                    client, kv_guard, config, fixed, telemetry, progress, totals.output_lengths
+                )
                 if tokenizer is not None:
                     plan = WorkPlan(
                         self.dataset,
