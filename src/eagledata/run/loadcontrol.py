@@ -22,6 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from eagledata.capacity.controller import (
     ControllerSettings,
     Lane,
@@ -30,6 +32,7 @@ from eagledata.capacity.controller import (
     fallback_concurrency,
     initial_queue_target,
 )
+from eagledata.capacity.forecast import Floats, new_draws
 from eagledata.capacity.lengths import LengthModel
 from eagledata.config import LoadSettings
 from eagledata.run.telemetry import TelemetryLog
@@ -94,7 +97,10 @@ class LoadController:
         self._ages_at = -float("inf")
         self.lanes: dict[str, list[Lane]] = {}
         self.plans: dict[str, ServerPlan] = {}
-        self._waiters: deque[tuple[int, asyncio.Future[Ticket]]] = deque()
+        self._waiters: deque[tuple[int, Floats, asyncio.Future[Ticket]]] = deque()
+        # A waiter's futures are drawn once: were they drawn again at every try, a request
+        # held at the edge would wait for a lucky draw and get in on it.
+        self._rng = np.random.default_rng(0)
         self._fallback_said: set[str] = set()
         self._prompt_sum = 0
         self._prompt_count = 0
@@ -245,7 +251,7 @@ class LoadController:
         self._prompt_sum += prompt_tokens
         self._prompt_count += 1
         fut: asyncio.Future[Ticket] = asyncio.get_running_loop().create_future()
-        self._waiters.append((prompt_tokens, fut))
+        self._waiters.append((prompt_tokens, new_draws(self._rng), fut))
         self._dispatch()
         try:
             return await fut
@@ -275,7 +281,7 @@ class LoadController:
         now = time.monotonic()
         self._refresh_curves(now)
         while self._waiters:
-            prompt, fut = self._waiters[0]
+            prompt, draws, fut = self._waiters[0]
             if fut.done():
                 self._waiters.popleft()
                 continue
@@ -287,7 +293,7 @@ class LoadController:
                 if not self._healthy(url):
                     continue
                 for lane in lanes:
-                    candidate = Ticket(lane, prompt, projected, now, lengths)
+                    candidate = Ticket(lane, prompt, projected, now, lengths, draws=draws)
                     room = lane.room(candidate, now)
                     if room is not None and (best is None or room > best[0]):
                         best = (room, candidate)
