@@ -34,10 +34,11 @@ The gate, per lane (one DP rank of one server, or a router's workers together):
   pool's measured peak stayed under ``calm_usage``; it falls by 0.01 if the peak came within
   reach of a retraction (``near_miss_usage``) though none happened. At a measured usage above
   0.97 with a queue, admissions pause (a retraction is imminent).
-* A **ceiling**: the target a retraction happened at. The creep stops one step below it, so the
-  AIMD does not probe back into the retraction it backed off from, every ``freeze_s``, on a
-  workload whose answers have a long tail; the ceiling lifts by one step for every
-  ``ceiling_hold_s`` without a retraction, because the workload it was learned on may change.
+* A **ceiling**: the target a retraction happened at. The creep stops half a backoff below it,
+  so the AIMD does not probe back into the retraction it backed off from, every ``freeze_s``,
+  on a workload whose answers have a long tail (one step below was measured to retract again
+  at one step below); the ceiling lifts by one creep step for every ``ceiling_hold_s`` without
+  a retraction, because the workload it was learned on may change.
 * No signal at all: the planner's number (``fallback_concurrency``), in-flight requests only.
 
 In steady state this converges near ``W* = u* C / E_held`` running requests, where ``E_held =
@@ -362,7 +363,7 @@ class Lane:
     def maybe_creep(self, now: float) -> None:
         """Once per ``creep_every_s``: raise the target by ``creep`` when it is what held work
         back (with learned lengths) and the pool's measured peak stayed under
-        ``calm_usage``, up to one step below the ceiling; lower it by as much when the peak
+        ``calm_usage``, up to half a backoff below the ceiling; lower it by as much when the peak
         came within reach of a retraction (``near_miss_usage``) though none happened. Frozen
         for ``freeze_s`` after one."""
         settings = self.settings
@@ -377,8 +378,8 @@ class Lane:
         elif bound and peak < settings.calm_usage:
             highest = settings.max_usage
             if self.ceiling is not None:
-                highest = min(highest, self.ceiling - settings.creep)
-            # Rounded, so 0.80 + 0.01 x 4 stays under a ceiling of 0.85 rather than 1e-16 over.
+                highest = min(highest, self.ceiling - settings.backoff / 2)
+            # Rounded, so that 0.85 + 0.01 x 2 is not 1e-16 over a limit of 0.87.
             raised = round(self.usage_target + settings.creep, 6)
             if raised <= round(highest, 6):
                 self.usage_target = raised
