@@ -202,6 +202,21 @@ def test_a_request_ages_from_when_the_server_admitted_it() -> None:
     assert tickets[2].started_at == pytest.approx(4.5)  # admitted between the two samples
 
 
+def test_one_overflow_backs_off_once_however_many_times_it_retracts() -> None:
+    gate = lane(usage_target=0.9)
+    gate.observe(LaneSample(time=0.0, retracted_total=0, token_usage=0.9), 0.0)
+    # The pool overflows: SGLang retracts, the rest keep growing, it retracts again.
+    for second, total in ((1, 1), (2, 2), (3, 4)):
+        assert gate.observe(
+            LaneSample(time=second, retracted_total=total, token_usage=0.98), second
+        )
+    assert gate.usage_target == pytest.approx(0.85) and gate.retractions == 3
+    # Back under the target: the next retraction is news again.
+    gate.observe(LaneSample(time=4.0, retracted_total=4, token_usage=0.7), 4.0)
+    assert gate.observe(LaneSample(time=30.0, retracted_total=5, token_usage=0.9), 30.0)
+    assert gate.usage_target == pytest.approx(0.80)
+
+
 def test_a_retraction_reported_again_by_its_response_backs_off_once() -> None:
     async def targets() -> tuple[float, float]:
         async with SGLangClient(["http://127.0.0.1:9"], in_flight=1) as client:
