@@ -33,10 +33,13 @@ prefill, retractions, 503s. Sections:
   queue slot), so one setting's window can hold shorter prompts than another's; the same
   setting measured twice differs by up to 5%. A makespan has no such choice.
 
-    python benchmarks/bench_saturation.py                 # every section, ~45 minutes on 2 cores
+    python benchmarks/bench_saturation.py --repeat 2      # every section, ~65 minutes on 2 cores
     python benchmarks/bench_saturation.py --only single --repeat 2
+    python benchmarks/bench_saturation.py --only job --job-prompts 1500   # ~55 minutes
 
-Prints markdown tables and writes ``benchmarks/results/saturation.json``.
+Prints markdown tables and writes ``benchmarks/results/saturation.json`` (``--results`` elsewhere);
+``--keep DIR`` keeps every point's run directory, telemetry and log; ``--load KEY=VALUE`` sets a
+``[load]`` setting for a controller experiment. Numbers and their reading: docs/throughput.md.
 """
 
 from __future__ import annotations
@@ -412,6 +415,9 @@ def main() -> None:
     results.update({"pool": POOL, "queue_cap": QUEUE_CAP})
     runs: dict[str, Any] = results.setdefault("runs", {})
     load_start = os.getloadavg()[0]
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
+    ).stdout.strip()
     if args.keep is not None:
         args.keep.mkdir(parents=True, exist_ok=True)
     workdir = (
@@ -473,7 +479,9 @@ def main() -> None:
                 "retractions | 503s |\n|---|---|---|---|---|---|",
                 flush=True,
             )
-            results["job"] = [
+            # keyed by size, so a longer job measured on its own keeps the default one's points
+            key = "job" if args.job_prompts == 500 else f"job-{args.job_prompts}"
+            results[key] = [
                 bench.job(f"job {limit}", fast, limit.split()[-1], args.job_prompts)
                 for limit in args.job_settings
             ]
@@ -486,6 +494,8 @@ def main() -> None:
             ]
             results["changing"] = [asdict(p) for p in points]
     for section in sections:
+        if section == "job" and args.job_prompts != 500:
+            section = f"job-{args.job_prompts}"
         runs[section] = {
             "command": " ".join(["python", "benchmarks/bench_saturation.py", *sys.argv[1:]]),
             "time_scale": args.time_scale,
@@ -493,6 +503,7 @@ def main() -> None:
             "measure_wall_s": args.measure,
             "load_average_1min": [load_start, os.getloadavg()[0]],
             "load_settings": bench.load,
+            "commit": commit,
         }
     results_path.parent.mkdir(parents=True, exist_ok=True)
     results_path.write_text(json.dumps(results, indent=2) + "\n")
