@@ -24,7 +24,6 @@ a test is deterministic.
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -55,33 +54,54 @@ class Flight:
     """Its ``FUTURES`` uniforms in (0, 1)."""
 
 
-def remaining(flight: Flight) -> Floats:
-    """Tokens it still generates, in each future."""
-    age = flight.age
-    curve = flight.curve
-    if curve is None:
-        end = flight.end
-        if age >= end:  # past its projection: another quarter of its age (as the curve does)
-            end = max(age + 16, age * 5 // 4)
-        return np.full(FUTURES, float(end - age))
-    return curve_remaining(curve, age, flight.draws)
+def remaining(flights: Sequence[Flight]) -> Floats:
+    """Tokens each flight still generates, in each future (futures x flights). The flights of
+    one curve (one prompt-length bucket) are drawn together: one search for all of them."""
+    left = np.empty((FUTURES, len(flights)))
+    by_curve: dict[int, list[int]] = {}
+    for column, flight in enumerate(flights):
+        if flight.curve is None:
+            end, age = flight.end, flight.age
+            if age >= end:  # past its projection: another quarter of its age (as the curve does)
+                end = max(age + 16, age * 5 // 4)
+            left[:, column] = end - age
+        else:
+            by_curve.setdefault(id(flight.curve), []).append(column)
+    for columns in by_curve.values():
+        curve = flights[columns[0]].curve
+        assert curve is not None
+        ages = np.asarray([flights[column].age for column in columns], dtype=np.float64)
+        draws = np.stack([flights[column].draws for column in columns])
+        left[:, columns] = curve_remaining_many(curve, ages, draws).T
+    return left
+
+
+def curve_remaining_many(curve: SurvivalCurve, ages: Floats, draws: Floats) -> Floats:
+    """Inverse-CDF draws of the remaining lengths (flights x futures) of requests at ``ages``:
+    an answer ends at the first length ``t > age`` where ``S(t) <= u S(age)``, or at ``cap``
+    (``max_new_tokens``) if none does."""
+    cap = float(curve.cap)
+    times = np.asarray(curve.times, dtype=np.float64)
+    surviving = np.asarray(curve.surviving, dtype=np.float64)
+    after = np.searchsorted(times, ages, side="right")  # the first length past each age
+    alive_now = np.where(after > 0, surviving[np.maximum(after - 1, 0)], 1.0)
+    # ``surviving`` falls with ``times``, so the lengths where it is at most a threshold are a
+    # suffix; negated it rises, as searchsorted wants. Below ``after`` it is above every
+    # threshold (u < 1), so the first of them is past the age.
+    first = np.searchsorted(-surviving, -draws * alive_now[:, None], side="left")
+    ends = np.append(times, cap)[np.maximum(first, after[:, None])]
+    left: Floats = np.minimum(ends, cap) - ages[:, None]
+    # Older than every answer seen, none running that long either: another quarter of its age.
+    stale = alive_now <= 0.0
+    left[stale] = np.maximum(16.0, ages[stale] // 4)[:, None]
+    left[ages >= cap] = 0.0
+    return left
 
 
 def curve_remaining(curve: SurvivalCurve, age: int, draws: Floats) -> Floats:
-    """Inverse-CDF draws of the remaining length: the answer ends at the first length ``t >
-    age`` where ``S(t) <= u S(age)``, or at ``cap`` (``max_new_tokens``) if none does."""
-    if age >= curve.cap:
-        return np.zeros(FUTURES)
-    alive_now = curve.at(age)
-    if alive_now <= 0.0:  # older than every answer seen, none running that long either
-        return np.full(FUTURES, float(max(16, age // 4)))
-    start = bisect.bisect_right(curve.times, age)
-    times = np.asarray(curve.times[start:], dtype=np.float64)
-    # ``surviving`` falls with ``times``; negated it rises, as searchsorted wants.
-    falling = -np.asarray(curve.surviving[start:], dtype=np.float64)
-    index = np.searchsorted(falling, -draws * alive_now, side="left")
-    ends: Floats = np.append(times, float(curve.cap))[index]
-    return np.minimum(ends, float(curve.cap)) - float(age)
+    """One request's remaining length in each future (``curve_remaining_many`` of one)."""
+    left: Floats = curve_remaining_many(curve, np.asarray([float(age)]), draws[None, :])[0]
+    return left
 
 
 def peak_quantile(flights: Sequence[Flight], quantile: float) -> float:
@@ -89,7 +109,7 @@ def peak_quantile(flights: Sequence[Flight], quantile: float) -> float:
     if not flights:
         return 0.0
     held = np.asarray([flight.held for flight in flights], dtype=np.float64)
-    left = np.stack([remaining(flight) for flight in flights], axis=1)  # futures x flights
+    left = remaining(flights)
     order = np.argsort(left, axis=1)
     left_sorted = np.take_along_axis(left, order, axis=1)
     held_sorted = held[order]
