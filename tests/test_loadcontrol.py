@@ -215,6 +215,13 @@ def test_one_overflow_backs_off_once_however_many_times_it_retracts() -> None:
     gate.observe(LaneSample(time=4.0, retracted_total=4, token_usage=0.7), 4.0)
     assert gate.observe(LaneSample(time=30.0, retracted_total=5, token_usage=0.9), 30.0)
     assert gate.usage_target == pytest.approx(0.80)
+    # A server that reports no usage: a freeze without a retraction ends the overflow.
+    blind = lane(usage_target=0.9)
+    blind.back_off(1.0)
+    blind.back_off(5.0)  # within the freeze (10 s): the same overflow
+    assert blind.usage_target == pytest.approx(0.85)
+    blind.back_off(16.0)  # a freeze passed since the last one: news
+    assert blind.usage_target == pytest.approx(0.80)
 
 
 def test_a_retraction_reported_again_by_its_response_backs_off_once() -> None:

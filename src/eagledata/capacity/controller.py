@@ -36,9 +36,10 @@ The gate, per lane (one DP rank of one server, or a router's workers together):
   0.97 with a queue, admissions pause (a retraction is imminent).
 * A **ceiling**: the target a retraction happened at. The creep stops half a backoff below it,
   so the AIMD does not probe back into the retraction it backed off from, every ``freeze_s``,
-  on a workload whose answers have a long tail (one step below was measured to retract again
-  at one step below); the ceiling lifts by one creep step for every ``ceiling_hold_s`` without
-  a retraction, because the workload it was learned on may change.
+  on a workload whose answers have a long tail (a creep to one step below it retracted again,
+  measured on exponential answers); the ceiling lifts by one creep step for every
+  ``ceiling_hold_s`` without a retraction, because the workload it was learned on may change.
+  One overflow backs off once, however many times SGLang retracts while draining it.
 * No signal at all: the planner's number (``fallback_concurrency``), in-flight requests only.
 
 In steady state this converges near ``W* = u* C / E_held`` running requests, where ``E_held =
@@ -148,9 +149,10 @@ class Lane:
     ceiling_since: float = 0.0
     """When the ceiling was set or last lifted."""
     overflowing: bool = False
-    """A retraction backed off and the pool has not yet come back under the target since: a
-    retraction meanwhile is the same overflow draining (requests admitted before the backoff),
-    not news about the target."""
+    """A retraction backed off and the pool has not yet come back under the target since (nor
+    has a freeze passed without a retraction, for a server that reports no usage): a retraction
+    meanwhile is the same overflow draining (requests admitted before the backoff), not news
+    about the target."""
     last_creep: float = 0.0
     peak_usage: float = 0.0
     retractions: int = 0
@@ -348,13 +350,14 @@ class Lane:
 
     def back_off(self, now: float) -> None:
         """A retraction: lower the target usage and hold it there for a while."""
+        same_overflow = self.overflowing and now < self.frozen_until
         self.frozen_until = now + self.settings.freeze_s
         self.peak_usage = 0.0  # what counts for the next increase is the calm after this
         if now - self.last_backoff < self.settings.backoff_gap_s:
             return
         self.last_backoff = now
         self.retractions += 1
-        if self.overflowing:
+        if same_overflow:
             # Measured: one overflow retracted four times in 30 modelled s, and four backoffs
             # took the target from 0.95 to 0.75 and kept it there.
             return
