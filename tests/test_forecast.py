@@ -8,7 +8,7 @@ import pytest
 from eagledata.capacity.forecast import (
     FUTURES,
     Flight,
-    curve_remaining,
+    curve_remaining_many,
     new_draws,
     peak_quantile,
 )
@@ -45,8 +45,8 @@ def test_a_request_past_every_answer_seen_runs_to_max_new_tokens() -> None:
     # knows nothing past 300 but that they outlived it, so they may run to the cap.
     curve = kaplan_meier([100, 200, 300], [500, 500], cap=4096)
     draws = np.linspace(0.01, 0.99, FUTURES)
-    assert set(curve_remaining(curve, 500, draws)) == {4096 - 500}
-    young = curve_remaining(curve, 0, draws)
+    old, young = curve_remaining_many(curve, np.asarray([500.0, 0.0]), np.stack([draws, draws]))
+    assert set(old) == {4096 - 500}
     assert set(young) == {100, 200, 300, 4096}
     # 3 of 5 end at 100-300, 2 of 5 run to the cap: the draws follow the curve.
     assert np.mean(young == 4096) == pytest.approx(0.4, abs=0.02)

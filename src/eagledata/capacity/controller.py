@@ -222,21 +222,22 @@ class Lane:
             draws=ticket.draws,
         )
 
-    def unexplained(self, now: float) -> float:
-        """KV the server reports that our requests in flight do not account for (another
-        client's, or growth we underestimate): it stays in every forecast."""
+    def unexplained(self, ours: float) -> float:
+        """KV the server reports that our requests in flight (holding ``ours``) do not account
+        for (another client's, or growth we underestimate): it stays in every forecast."""
         sample = self.sample
         if sample is None or sample.used_tokens is None:
             return 0.0
-        ours = sum(ticket.prompt_tokens + self.age(ticket, now) for ticket in self.tickets)
         return max(0.0, sample.used_tokens - ours)
 
     def peak(self, now: float, extra: Ticket | None = None) -> float:
         """The highest KV what is in flight (and ``extra``, admitted now) will hold before it
         ends, at the ``overflow_quantile`` of the sampled futures, plus the unexplained load."""
-        tickets = [*self.tickets, extra] if extra is not None else list(self.tickets)
-        flights = [self.flight(ticket, now) for ticket in tickets]
-        return self.unexplained(now) + peak_quantile(flights, self.settings.overflow_quantile)
+        flights = [self.flight(ticket, now) for ticket in self.tickets]
+        ours = sum(flight.held for flight in flights)
+        if extra is not None:
+            flights.append(self.flight(extra, now))
+        return self.unexplained(ours) + peak_quantile(flights, self.settings.overflow_quantile)
 
     def budget(self) -> float | None:
         """The KV the lane may hold: the target share of the pool."""

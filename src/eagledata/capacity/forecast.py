@@ -58,7 +58,7 @@ def remaining(flights: Sequence[Flight]) -> Floats:
     """Tokens each flight still generates, in each future (futures x flights). The flights of
     one curve (one prompt-length bucket) are drawn together: one search for all of them."""
     left = np.empty((FUTURES, len(flights)))
-    by_curve: dict[int, list[int]] = {}
+    by_curve: dict[int, tuple[SurvivalCurve, list[int]]] = {}
     for column, flight in enumerate(flights):
         if flight.curve is None:
             end, age = flight.end, flight.age
@@ -66,10 +66,8 @@ def remaining(flights: Sequence[Flight]) -> Floats:
                 end = max(age + 16, age * 5 // 4)
             left[:, column] = end - age
         else:
-            by_curve.setdefault(id(flight.curve), []).append(column)
-    for columns in by_curve.values():
-        curve = flights[columns[0]].curve
-        assert curve is not None
+            by_curve.setdefault(id(flight.curve), (flight.curve, []))[1].append(column)
+    for curve, columns in by_curve.values():
         ages = np.asarray([flights[column].age for column in columns], dtype=np.float64)
         draws = np.stack([flights[column].draws for column in columns])
         left[:, columns] = curve_remaining_many(curve, ages, draws).T
@@ -95,12 +93,6 @@ def curve_remaining_many(curve: SurvivalCurve, ages: Floats, draws: Floats) -> F
     stale = alive_now <= 0.0
     left[stale] = np.maximum(16.0, ages[stale] // 4)[:, None]
     left[ages >= cap] = 0.0
-    return left
-
-
-def curve_remaining(curve: SurvivalCurve, age: int, draws: Floats) -> Floats:
-    """One request's remaining length in each future (``curve_remaining_many`` of one)."""
-    left: Floats = curve_remaining_many(curve, np.asarray([float(age)]), draws[None, :])[0]
     return left
 
 
