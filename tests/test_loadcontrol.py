@@ -530,6 +530,24 @@ def test_telemetry_is_bounded_and_status_shows_the_latest(tmp_path: Path) -> Non
     )
 
 
+def test_status_keeps_one_latest_sample_per_dp_rank(tmp_path: Path) -> None:
+    """Under DP attention each rank has a pool and a controller of its own: the latest sample of
+    one rank must not hide the other's (they share a server URL)."""
+    log = TelemetryLog(tmp_path, max_bytes=1 << 20)
+    for n in range(10):
+        for rank in (0, 1):
+            log.append(
+                {"time": n, "server": "http://a", "rank": rank, "token_usage": 0.5 + rank / 4}
+            )
+        log.append({"time": n, "server": "http://b", "rank": None, "token_usage": 0.1})
+    log.close()
+    latest = latest_load(tmp_path)
+    assert latest is not None
+    assert sorted(latest) == ["http://a rank 0", "http://a rank 1", "http://b"]
+    assert latest["http://a rank 1"]["token_usage"] == 0.75
+    assert {entry["time"] for entry in latest.values()} == {9}
+
+
 def test_the_engine_retracts_the_youngest_and_they_keep_their_output(tokenizer_dir: str) -> None:
     """SGLang's retract_decode: the fewest generated tokens go first; a retracted request keeps
     its output and is re-prefilled, so its answer is the same as without retraction."""

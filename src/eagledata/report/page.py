@@ -17,6 +17,7 @@ import orjson
 from eagledata import __version__
 from eagledata.report.rundata import RunData
 from eagledata.report.sections import WIDTH_IN, Plot, duration
+from eagledata.run.status import lane_key
 
 CSS = """
 :root { --ink:#1f2328; --muted:#59636e; --line:#d1d9e0; --bg:#f6f8fa; --ok:#1a7f37;
@@ -110,9 +111,7 @@ def _load(load: dict[str, Any] | list[dict[str, Any]] | None) -> str:
     for sample in samples:
         if not isinstance(sample, dict):
             continue
-        where = str(sample.get("server", "?"))
-        if sample.get("rank") is not None:
-            where += f" rank {sample['rank']}"
+        where = lane_key(sample)
         usage = sample.get("token_usage")
         usage_text = f"KV {usage:.0%}" if isinstance(usage, int | float) else "KV ?"
         parts.append(

@@ -162,8 +162,17 @@ def canary_summary(path: Path, manifest: dict[str, Any]) -> dict[str, Any]:
 TELEMETRY_TAIL_BYTES = 256 * 1024
 
 
+def lane_key(sample: dict[str, Any]) -> str:
+    """A telemetry sample's lane: its server, and its DP rank when the server has several
+    (each rank has a controller and a pool of its own, so one must not hide the others)."""
+    server = str(sample.get("server"))
+    rank = sample.get("rank")
+    return server if rank is None else f"{server} rank {rank}"
+
+
 def latest_load(path: Path) -> dict[str, Any] | None:
-    """The latest ``telemetry.jsonl`` sample per server (read from the file's tail only)."""
+    """The latest ``telemetry.jsonl`` sample per lane (``lane_key``: a server, or a DP rank
+    of one), read from the file's tail only."""
     telemetry = path / "telemetry.jsonl"
     if not telemetry.is_file():
         return None
@@ -181,15 +190,13 @@ def latest_load(path: Path) -> dict[str, Any] | None:
         except orjson.JSONDecodeError:
             continue
         if isinstance(sample, dict) and isinstance(sample.get("server"), str):
-            latest[sample["server"]] = sample
+            latest[lane_key(sample)] = sample
     return latest or None
 
 
 def _load_line(entry: dict[str, Any]) -> str:
     """One server's latest sample: what its operator would read in the server log."""
-    server = str(entry.get("server"))
-    if entry.get("rank") is not None:
-        server += f" rank {entry['rank']}"
+    server = lane_key(entry)
     usage = entry.get("token_usage")
     parts = [
         "kv ?" if usage is None else f"kv {100 * usage:.0f}%",
