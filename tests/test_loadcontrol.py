@@ -463,6 +463,47 @@ def test_the_controller_backs_off_on_a_real_retraction_and_a_503(tokenizer_dir: 
     assert gate.queue_target < gate.queue_cap
 
 
+def test_an_answer_that_ends_opens_the_gate_before_the_next_poll(tokenizer_dir: str) -> None:
+    """The server frees an answer's KV before it replies, while its last sample still counts
+    it: the request waiting for that room must not wait for the next poll to get in."""
+    # The answer (100 tokens, ~7.7 modelled s) lasts ~2.7 s here, so the poll at 2 s samples the
+    # pool while it runs, and the next poll is not due until 4 s.
+    poll = 2.0
+    config = engine(tokenizer_dir, output_len_mean=100.0, output_len_spread=0.0, time_scale=0.34)
+    with SimServerThread(config) as sim:
+
+        async def run() -> float:
+            load = LoadSettings(**{**FAST_LOAD, "poll_interval_s": poll})
+            async with SGLangClient([sim.url], in_flight=8) as client:
+                control = LoadController(
+                    client, load, fixed=None, max_new_tokens=256, telemetry=None, note=print
+                )
+                control.add_server(ServerPlan(sim.url, None, None))
+                task = asyncio.create_task(control.run())
+                await asyncio.sleep(0.1)  # the first sample: the pool is 2,500 tokens
+                # A short request stays in flight throughout (an empty lane admits anything).
+                await asyncio.wait_for(control.acquire(100), 2)
+                first = await asyncio.wait_for(control.acquire(1200), 2)
+                # Two of 1,200 + 256 do not fit within 0.85 of the pool: this one waits.
+                second = asyncio.create_task(control.acquire(1200))
+                body = {
+                    "input_ids": [20 + n % 100 for n in range(1200)],
+                    "sampling_params": {"max_new_tokens": 256},
+                }
+                async with httpx.AsyncClient(timeout=30) as http:
+                    answer = (await http.post(sim.url + "/generate", json=body)).json()
+                assert not second.done()
+                control.release(first, completion_tokens=answer["meta_info"]["completion_tokens"])
+                ended = asyncio.get_running_loop().time()
+                await asyncio.wait_for(second, poll)
+                waited = asyncio.get_running_loop().time() - ended
+                task.cancel()
+                return waited
+
+        waited = asyncio.run(run())
+    assert waited < poll / 4  # the next poll was ~1.1 s away
+
+
 def test_a_server_that_shrinks_its_pool_is_followed(tokenizer_dir: str, tmp_path: Path) -> None:
     with SimServerThread(engine(tokenizer_dir, max_total_num_tokens=12_000)) as sim:
 
