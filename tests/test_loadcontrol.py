@@ -130,23 +130,23 @@ def test_a_retraction_backs_off_and_freezes_then_calm_creeps_back() -> None:
     gate = lane(usage_target=0.85)
     gate.observe(LaneSample(time=0.0, retracted_total=0, token_usage=0.5), 0.0)
     assert gate.observe(LaneSample(time=1.0, retracted_total=2, token_usage=0.9), 1.0)
-    assert gate.usage_target == pytest.approx(0.80)
+    assert gate.target.value == pytest.approx(0.80)
     # The same retraction seen again (the counter unchanged) is not news.
     assert not gate.observe(LaneSample(time=1.2, retracted_total=2, token_usage=0.5), 1.2)
-    assert gate.usage_target == pytest.approx(0.80)
-    gate.budget_bound = True  # the target held work back meanwhile
+    assert gate.target.value == pytest.approx(0.80)
+    gate.target.held_back = True  # the target held work back meanwhile
     gate.observe(LaneSample(time=5.0, retracted_total=2, token_usage=0.5), 5.0)  # frozen
-    assert gate.usage_target == pytest.approx(0.80)
+    assert gate.target.value == pytest.approx(0.80)
     gate.observe(LaneSample(time=12.0, retracted_total=2, token_usage=0.5), 12.0)
-    assert gate.usage_target == pytest.approx(0.81)
+    assert gate.target.value == pytest.approx(0.81)
     # A calm period in which the target held nothing back says nothing about it: no creep.
     gate.observe(LaneSample(time=14.0, retracted_total=2, token_usage=0.5), 14.0)
-    assert gate.usage_target == pytest.approx(0.81)
+    assert gate.target.value == pytest.approx(0.81)
     # A peak within reach of a retraction lowers it before one happens.
-    gate.budget_bound = True
+    gate.target.held_back = True
     gate.observe(LaneSample(time=15.0, retracted_total=2, token_usage=0.99), 15.0)
     gate.observe(LaneSample(time=16.0, retracted_total=2, token_usage=0.7), 16.0)
-    assert gate.usage_target == pytest.approx(0.80)
+    assert gate.target.value == pytest.approx(0.80)
 
 
 def test_the_creep_stops_below_the_target_that_retracted_until_the_ceiling_lifts() -> None:
@@ -158,22 +158,22 @@ def test_the_creep_stops_below_the_target_that_retracted_until_the_ceiling_lifts
     )
     gate.observe(LaneSample(time=0.0, retracted_total=0, token_usage=0.5), 0.0)
     assert gate.observe(LaneSample(time=1.0, retracted_total=1, token_usage=0.9), 1.0)
-    assert gate.usage_target == pytest.approx(0.85) and gate.ceiling == pytest.approx(0.9)
+    assert gate.target.value == pytest.approx(0.85) and gate.target.ceiling == pytest.approx(0.9)
 
     def calm_periods(start: int, count: int) -> None:
         for second in range(start, start + count):
-            gate.budget_bound = True  # the target held work back in every period
+            gate.target.held_back = True  # the target held work back in every period
             gate.observe(LaneSample(time=second, retracted_total=1, token_usage=0.6), second)
 
     calm_periods(12, 30)  # after the freeze: +0.01 a period, up to half a backoff below 0.90
-    assert gate.usage_target == pytest.approx(0.87)
+    assert gate.target.value == pytest.approx(0.87)
     calm_periods(42, 40)  # the ceiling still holds 80 s after the retraction
-    assert gate.usage_target == pytest.approx(0.87)
+    assert gate.target.value == pytest.approx(0.87)
     calm_periods(82, 30)  # 100 s without a retraction: the ceiling lifts one step
-    assert gate.ceiling == pytest.approx(0.91) and gate.usage_target == pytest.approx(0.88)
+    assert gate.target.ceiling == pytest.approx(0.91) and gate.target.value == pytest.approx(0.88)
     # A retraction at a lower target than the ceiling lowers the ceiling to it.
     assert gate.observe(LaneSample(time=120.0, retracted_total=2, token_usage=0.9), 120.0)
-    assert gate.ceiling == pytest.approx(0.88) and gate.usage_target == pytest.approx(0.83)
+    assert gate.target.ceiling == pytest.approx(0.88) and gate.target.value == pytest.approx(0.83)
 
 
 def test_the_early_answers_do_not_raise_the_target() -> None:
@@ -185,7 +185,7 @@ def test_the_early_answers_do_not_raise_the_target() -> None:
             gate.tickets[ticket] = None
         gate.observe(LaneSample(time=float(step), retracted_total=0, token_usage=0.3), float(step))
     assert gate.held_by.get("forecast", 0) > 0
-    assert gate.usage_target == pytest.approx(0.85)
+    assert gate.target.value == pytest.approx(0.85)
 
 
 def test_a_request_ages_from_when_the_server_admitted_it() -> None:
@@ -210,18 +210,18 @@ def test_one_overflow_backs_off_once_however_many_times_it_retracts() -> None:
         assert gate.observe(
             LaneSample(time=second, retracted_total=total, token_usage=0.98), second
         )
-    assert gate.usage_target == pytest.approx(0.85) and gate.retractions == 3
+    assert gate.target.value == pytest.approx(0.85) and gate.target.retractions == 3
     # Back under the target: the next retraction is news again.
     gate.observe(LaneSample(time=4.0, retracted_total=4, token_usage=0.7), 4.0)
     assert gate.observe(LaneSample(time=30.0, retracted_total=5, token_usage=0.9), 30.0)
-    assert gate.usage_target == pytest.approx(0.80)
+    assert gate.target.value == pytest.approx(0.80)
     # A server that reports no usage: a freeze without a retraction ends the overflow.
     blind = lane(usage_target=0.9)
-    blind.back_off(1.0)
-    blind.back_off(5.0)  # within the freeze (10 s): the same overflow
-    assert blind.usage_target == pytest.approx(0.85)
-    blind.back_off(16.0)  # a freeze passed since the last one: news
-    assert blind.usage_target == pytest.approx(0.80)
+    blind.target.back_off(1.0)
+    blind.target.back_off(5.0)  # within the freeze (10 s): the same overflow
+    assert blind.target.value == pytest.approx(0.85)
+    blind.target.back_off(16.0)  # a freeze passed since the last one: news
+    assert blind.target.value == pytest.approx(0.80)
 
 
 def test_a_retraction_reported_again_by_its_response_backs_off_once() -> None:
@@ -241,7 +241,7 @@ def test_a_retraction_reported_again_by_its_response_backs_off_once() -> None:
                 gate.tickets[ticket] = None
                 # Minutes later the retracted request ends and its response says so too.
                 control.release(ticket, completion_tokens=300, retractions=1)
-            return counted.usage_target, blind.usage_target
+            return counted.target.value, blind.target.value
 
     counted, blind = asyncio.run(targets())
     assert counted == pytest.approx(0.80)  # once, from the counter, not again from the response
@@ -252,7 +252,7 @@ def test_a_retracted_request_waiting_in_the_queue_is_one_retraction() -> None:
     gate = lane(usage_target=0.85)
     assert gate.observe(LaneSample(time=0.0, retracted_waiting=1), 0.0)
     assert not gate.observe(LaneSample(time=1.0, retracted_waiting=1), 1.0)
-    assert gate.usage_target == pytest.approx(0.80)
+    assert gate.target.value == pytest.approx(0.80)
 
 
 def test_a_503_halves_the_queue_and_calm_gives_it_back() -> None:
@@ -457,8 +457,8 @@ def test_the_controller_backs_off_on_a_real_retraction_and_a_503(tokenizer_dir: 
                 return control.lanes[sim.url][0]
 
         gate = asyncio.run(watch())
-    assert gate.retractions >= 1
-    assert gate.usage_target < 0.85
+    assert gate.target.retractions >= 1
+    assert gate.target.value < 0.85
     gate.queue_full()
     assert gate.queue_target < gate.queue_cap
 

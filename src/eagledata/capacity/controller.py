@@ -28,18 +28,9 @@ The gate, per lane (one DP rank of one server, or a router's workers together):
   too.
 * The server's queue is kept just deep enough to fill its next prefill batch:
   ``q* = max(2, ceil(chunked_prefill_size / mean prompt))``, halved on a 503.
-* AIMD on the target usage ``u*`` (start 0.85, in [0.60, 0.95]): any retraction takes 0.05 off
-  and freezes increases for ``freeze_s``. Every ``creep_every_s`` the target rises by 0.01 if it
-  is what held work back (once lengths are learned: before that the prior holds it) and the
-  pool's measured peak stayed under ``calm_usage``; it falls by 0.01 if the peak came within
-  reach of a retraction (``near_miss_usage``) though none happened. At a measured usage above
-  0.97 with a queue, admissions pause (a retraction is imminent).
-* A **ceiling**: the target a retraction happened at. The creep stops half a backoff below it,
-  so the AIMD does not probe back into the retraction it backed off from, every ``freeze_s``,
-  on a workload whose answers have a long tail (a creep to one step below it retracted again,
-  measured on exponential answers); the ceiling lifts by one creep step for every
-  ``ceiling_hold_s`` without a retraction, because the workload it was learned on may change.
-  One overflow backs off once, however many times SGLang retracts while draining it.
+* At a measured usage above 0.97 with a queue, admissions pause (a retraction is imminent).
+* ``u*`` itself (start 0.85, in [0.60, 0.95]) moves by AIMD on the server's retractions, under
+  a ceiling learned from them (``capacity/usage_target.py``).
 * No signal at all: the planner's number (``fallback_concurrency``), in-flight requests only.
 
 In steady state this converges near ``W* = u* C / E_held`` running requests, where ``E_held =
@@ -50,13 +41,14 @@ same quantity from an assumed answer length (``capacity/planner.py``).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 
 import numpy as np
 
 from eagledata.capacity.forecast import Flight, Floats, new_draws, peak_quantile
 from eagledata.capacity.lengths import SurvivalCurve
 from eagledata.capacity.planner import CLIENT_QUEUE_HEADROOM
+from eagledata.capacity.usage_target import UsageTarget
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,7 +117,8 @@ class LaneSample:
 
 @dataclass(eq=False)
 class Lane:
-    """One DP rank of one server (or a router's workers together): its gate and its AIMD."""
+    """One DP rank of one server (or a router's workers together): its gate, and the target
+    share of its pool the gate admits to."""
 
     server: str
     rank: int | None
@@ -134,34 +127,22 @@ class Lane:
     max_running: int | None = None
     fallback_limit: int | None = None
     """Set when the server offers no load signal: then only this many in flight."""
-    usage_target: float = 0.85
+    usage_target: InitVar[float] = 0.85
+    """The initial ``u*``; the lane's ``target`` moves it (``capacity/usage_target.py``)."""
     queue_target: int = 2
     queue_cap: int = 2
     tickets: dict[Ticket, None] = field(default_factory=dict)
     sample: LaneSample | None = None
     decode_rate: float = 10.0
     age_scale: float = 1.0
-    frozen_until: float = 0.0
-    last_backoff: float = -math.inf
-    ceiling: float | None = None
-    """The target usage the last retraction happened at (None: none yet); the creep stays
-    below it."""
-    ceiling_since: float = 0.0
-    """When the ceiling was set or last lifted."""
-    overflowing: bool = False
-    """A retraction backed off and the pool has not yet come back under the target since (nor
-    has a freeze passed without a retraction, for a server that reports no usage): a retraction
-    meanwhile is the same overflow draining (requests admitted before the backoff), not news
-    about the target."""
-    last_creep: float = 0.0
-    peak_usage: float = 0.0
-    retractions: int = 0
     rejections: int = 0
     held_by: dict[str, int] = field(default_factory=dict)
     """Requests held back since the last telemetry line, by the rule that held them."""
-    budget_bound: bool = False
-    """The target share held a request back since the last creep period."""
     rng: np.random.Generator = field(default_factory=lambda: np.random.default_rng(0))
+    target: UsageTarget = field(init=False)
+
+    def __post_init__(self, usage_target: float) -> None:
+        self.target = UsageTarget(self.settings, usage_target)
 
     @property
     def in_flight(self) -> int:
@@ -243,7 +224,7 @@ class Lane:
         """The KV the lane may hold: the target share of the pool."""
         if self.pool_tokens is None:
             return None
-        return self.usage_target * self.pool_tokens
+        return self.target.value * self.pool_tokens
 
     def present(self, prompt_tokens: int) -> float | None:
         """The pool's measured use now plus what we sent since it was measured, plus this
@@ -292,14 +273,14 @@ class Lane:
         present = self.present(candidate.prompt_tokens)
         if (
             present is not None
-            and present > self.usage_target * (self.pool_tokens or 0)
+            and present > self.target.value * (self.pool_tokens or 0)
             and (self.in_flight > 0)
         ):
-            self.budget_bound |= candidate.lengths is not None
+            self.target.held_back |= candidate.lengths is not None
             return "present"
         left = budget - self.peak(now, candidate)
         if left < 0 and self.in_flight > 0:
-            self.budget_bound |= candidate.lengths is not None
+            self.target.held_back |= candidate.lengths is not None
             return "forecast"
         return max(0.0, left)
 
@@ -321,7 +302,6 @@ class Lane:
         usage = sample.token_usage
         if usage is None and sample.used_tokens is not None and self.pool_tokens:
             usage = sample.used_tokens / self.pool_tokens
-        self.peak_usage = max(self.peak_usage, usage or 0.0)
         # Edge-triggered: a retracted request waits in the queue for a while, and the gauge
         # and the queue count stay up meanwhile; only a new one is news.
         before = previous.retracted_waiting if previous is not None else 0
@@ -334,10 +314,9 @@ class Lane:
         ):
             retracted = True
         if retracted:
-            self.back_off(now)
+            self.target.back_off(now)
         else:
-            if usage is not None and usage < self.usage_target:
-                self.overflowing = False
+            self.target.measured(usage)
             self.maybe_creep(now)
         return retracted
 
@@ -349,66 +328,16 @@ class Lane:
             sample.retracted_total is not None or sample.retracted_waiting is not None
         )
 
-    def back_off(self, now: float) -> None:
-        """A retraction: lower the target usage and hold it there for a while."""
-        same_overflow = self.overflowing and now < self.frozen_until
-        self.frozen_until = now + self.settings.freeze_s
-        self.peak_usage = 0.0  # what counts for the next increase is the calm after this
-        if now - self.last_backoff < self.settings.backoff_gap_s:
-            return
-        self.last_backoff = now
-        self.retractions += 1
-        if same_overflow:
-            # Measured: one overflow retracted four times in 30 modelled s, and four backoffs
-            # took the target from 0.95 to 0.75 and kept it there.
-            return
-        self.overflowing = True
-        # The ceiling is the target that retracted, never above the previous ceiling: a lower
-        # retraction teaches more than the higher one it replaces.
-        at = self.usage_target
-        self.ceiling = at if self.ceiling is None else min(self.ceiling, at)
-        self.ceiling_since = now
-        self.usage_target = max(self.settings.min_usage, self.usage_target - self.settings.backoff)
-
     def queue_full(self) -> None:
         """A 503: the server's queue is at its cap; keep a shallower one."""
         self.rejections += 1
         self.queue_target = max(1, self.queue_target // 2)
 
     def maybe_creep(self, now: float) -> None:
-        """Once per ``creep_every_s``: raise the target by ``creep`` when it is what held work
-        back (with learned lengths) and the pool's measured peak stayed under
-        ``calm_usage``, up to half a backoff below the ceiling; lower it by as much when the peak
-        came within reach of a retraction (``near_miss_usage``) though none happened. Frozen
-        for ``freeze_s`` after one."""
-        settings = self.settings
-        self._lift_ceiling(now)
-        if now < self.frozen_until or now - self.last_creep < settings.creep_every_s:
-            return
-        self.last_creep = now
-        peak, self.peak_usage = self.peak_usage, 0.0
-        bound, self.budget_bound = self.budget_bound, False
-        if peak >= settings.near_miss_usage:
-            self.usage_target = max(settings.min_usage, self.usage_target - settings.creep)
-        elif bound and peak < settings.calm_usage:
-            highest = settings.max_usage
-            if self.ceiling is not None:
-                highest = min(highest, self.ceiling - settings.backoff / 2)
-            # Rounded, so that 0.85 + 0.01 x 2 is not 1e-16 over a limit of 0.87.
-            raised = round(self.usage_target + settings.creep, 6)
-            if raised <= round(highest, 6):
-                self.usage_target = raised
-        self.queue_target = min(self.queue_cap, self.queue_target + 1)
-
-    def _lift_ceiling(self, now: float) -> None:
-        """One creep step up for every ``ceiling_hold_s`` without a retraction; gone once it is
-        above the highest target."""
-        if self.ceiling is None or now - self.ceiling_since < self.settings.ceiling_hold_s:
-            return
-        self.ceiling_since = now
-        self.ceiling += self.settings.creep
-        if self.ceiling > self.settings.max_usage + self.settings.creep:
-            self.ceiling = None
+        """A creep period of the target (``UsageTarget.period``) also gives back a queue slot
+        that a 503 took."""
+        if self.target.period(now):
+            self.queue_target = min(self.queue_cap, self.queue_target + 1)
 
     def learn_rate(self, completion_tokens: int, seconds: float) -> None:
         """A finished request's tokens over its time (queue wait included: an underestimate,

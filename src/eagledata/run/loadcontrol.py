@@ -222,7 +222,7 @@ class LoadController:
             if lane.observe(sample, now) and self.auto:
                 self.note_once(
                     f"retract:{url}",
-                    f"{url} retracted requests: target KV usage now {lane.usage_target:.2f}",
+                    f"{url} retracted requests: target KV usage now {lane.target.value:.2f}",
                 )
             lane_key = _lane_key(lane)
             self.latest[lane_key] = self._entry(lane, load.source, rank.running, rank.waiting)
@@ -339,7 +339,7 @@ class LoadController:
         if retractions and not lane.counts_retractions():
             # A retraction reaches its response only when that request ends, often minutes
             # after the server's counter showed it: news only from a server without a counter.
-            lane.back_off(now)
+            lane.target.back_off(now)
         if queue_full:
             lane.queue_full()
         self._dispatch()
@@ -356,6 +356,7 @@ class LoadController:
         self, lane: Lane, source: str, running: int | None, waiting: int | None
     ) -> dict[str, Any]:
         sample = lane.sample
+        ceiling = lane.target.ceiling
         usage = sample.token_usage if sample is not None else None
         if usage is None and sample is not None and sample.used_tokens and lane.pool_tokens:
             usage = sample.used_tokens / lane.pool_tokens
@@ -368,13 +369,11 @@ class LoadController:
             "num_running_reqs": running,
             "num_queue_reqs": waiting,
             "gen_throughput": None if sample is None else sample.gen_throughput,
-            "num_retracted_reqs": lane.retractions,
+            "num_retracted_reqs": lane.target.retractions,
             "in_flight": self._in_flight(lane),
             "target": self.fixed if self.fixed is not None else lane.sustainable_running(),
-            "target_usage": round(lane.usage_target, 3) if self.auto else None,
-            "usage_ceiling": (
-                round(lane.ceiling, 3) if self.auto and lane.ceiling is not None else None
-            ),
+            "target_usage": round(lane.target.value, 3) if self.auto else None,
+            "usage_ceiling": round(ceiling, 3) if self.auto and ceiling is not None else None,
             "forecast_usage": self._forecast_usage(lane),
             "queue_full": lane.rejections,
             "held_by": dict(lane.held_by),
