@@ -35,7 +35,7 @@ from eagledata.capacity.controller import (
 from eagledata.capacity.forecast import Floats, new_draws
 from eagledata.capacity.lengths import LengthModel
 from eagledata.config import LoadSettings
-from eagledata.run.telemetry import TelemetryLog
+from eagledata.run.telemetry import TelemetryLog, forecast_usage, lane_entry
 from eagledata.server.client import SGLangClient
 from eagledata.server.loads import ServerLoad, merge_workers
 from eagledata.server.serverfacts import ServerFacts
@@ -355,36 +355,14 @@ class LoadController:
     def _entry(
         self, lane: Lane, source: str, running: int | None, waiting: int | None
     ) -> dict[str, Any]:
-        sample = lane.sample
-        ceiling = lane.target.ceiling
-        usage = sample.token_usage if sample is not None else None
-        if usage is None and sample is not None and sample.used_tokens and lane.pool_tokens:
-            usage = sample.used_tokens / lane.pool_tokens
-        return {
-            "time": time.time(),
-            "server": lane.server,
-            "rank": lane.rank,
-            "source": source,
-            "token_usage": None if usage is None else round(usage, 4),
-            "num_running_reqs": running,
-            "num_queue_reqs": waiting,
-            "gen_throughput": None if sample is None else sample.gen_throughput,
-            "num_retracted_reqs": lane.target.retractions,
-            "in_flight": self._in_flight(lane),
-            "target": self.fixed if self.fixed is not None else lane.sustainable_running(),
-            "target_usage": round(lane.target.value, 3) if self.auto else None,
-            "usage_ceiling": round(ceiling, 3) if self.auto and ceiling is not None else None,
-            "forecast_usage": self._forecast_usage(lane),
-            "queue_full": lane.rejections,
-            "held_by": dict(lane.held_by),
-            "spec_accept_length": None if sample is None else sample.spec_accept_length,
-        }
-
-    def _forecast_usage(self, lane: Lane) -> float | None:
-        """The peak share of the pool the controller forecasts for what is in flight now."""
-        if not self.auto or not lane.pool_tokens or lane.fallback_limit is not None:
-            return None
-        return round(lane.peak(time.monotonic()) / lane.pool_tokens, 4)
+        return lane_entry(
+            lane,
+            source=source,
+            running=running,
+            waiting=waiting,
+            in_flight=self._in_flight(lane),
+            fixed=self.fixed,
+        )
 
     def _write_telemetry(self) -> None:
         for lanes in self.lanes.values():
@@ -400,7 +378,7 @@ class LoadController:
                     "time": time.time(),
                     "in_flight": self._in_flight(lane),
                     "held_by": dict(lane.held_by),
-                    "forecast_usage": self._forecast_usage(lane),
+                    "forecast_usage": forecast_usage(lane) if self.auto else None,
                 }
                 lane.held_by.clear()
                 if self.telemetry is not None:

@@ -3,17 +3,20 @@
 One JSON line per lane (a server, or one DP rank of it) per sample, in the schema of
 ``docs/run-directory.md``. When the file passes ``max_bytes`` it becomes ``telemetry.1.jsonl``
 (replacing the previous one) and a new file starts: at most twice ``max_bytes`` on disk however
-long the run. ``status`` reads the last whole line per server (``run/status.py``).
+long the run. ``status`` reads the last whole line per lane (``run/status.py``).
 """
 
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import orjson
+
+from eagledata.capacity.controller import Lane
 
 TELEMETRY_FILE = "telemetry.jsonl"
 ROTATED_FILE = "telemetry.1.jsonl"
@@ -67,3 +70,48 @@ def read_telemetry(run_dir: Path) -> Iterator[dict[str, Any]]:
                 continue
             if isinstance(entry, dict):
                 yield entry
+
+
+def lane_entry(
+    lane: Lane,
+    *,
+    source: str,
+    running: int | None,
+    waiting: int | None,
+    in_flight: int,
+    fixed: int | None,
+) -> dict[str, Any]:
+    """One lane's telemetry line (``fixed``: the ``--concurrency`` cap, None under auto, whose
+    target, ceiling and forecast it then shows)."""
+    auto = fixed is None
+    sample = lane.sample
+    ceiling = lane.target.ceiling
+    usage = sample.token_usage if sample is not None else None
+    if usage is None and sample is not None and sample.used_tokens and lane.pool_tokens:
+        usage = sample.used_tokens / lane.pool_tokens
+    return {
+        "time": time.time(),
+        "server": lane.server,
+        "rank": lane.rank,
+        "source": source,
+        "token_usage": None if usage is None else round(usage, 4),
+        "num_running_reqs": running,
+        "num_queue_reqs": waiting,
+        "gen_throughput": None if sample is None else sample.gen_throughput,
+        "num_retracted_reqs": lane.target.retractions,
+        "in_flight": in_flight,
+        "target": fixed if fixed is not None else lane.sustainable_running(),
+        "target_usage": round(lane.target.value, 3) if auto else None,
+        "usage_ceiling": round(ceiling, 3) if auto and ceiling is not None else None,
+        "forecast_usage": forecast_usage(lane) if auto else None,
+        "queue_full": lane.rejections,
+        "held_by": dict(lane.held_by),
+        "spec_accept_length": None if sample is None else sample.spec_accept_length,
+    }
+
+
+def forecast_usage(lane: Lane) -> float | None:
+    """The peak share of the pool the controller forecasts for what is in flight now."""
+    if not lane.pool_tokens or lane.fallback_limit is not None:
+        return None
+    return round(lane.peak(time.monotonic()) / lane.pool_tokens, 4)
