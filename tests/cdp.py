@@ -11,7 +11,9 @@ import asyncio
 import base64
 import contextlib
 import itertools
+import os
 import shutil
+import signal
 import tempfile
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -162,7 +164,14 @@ async def _port(profile: Path, process: asyncio.subprocess.Process) -> int:
 
 @contextlib.asynccontextmanager
 async def chromium(executable: str) -> AsyncIterator[Browser]:
-    with tempfile.TemporaryDirectory(prefix="eagledata-chromium-") as profile:
+    # Chromium's helper processes (zygote, renderer, crash handler) can outlive the browser
+    # process for a moment and still write to the profile: seen as "Directory not empty:
+    # 'Default'" when the folder was removed under load. They share the browser's session, so
+    # the whole group is killed before the folder goes (and a helper that is only a zombie by
+    # then, in a container whose init does not reap, leaves no error behind either).
+    with tempfile.TemporaryDirectory(
+        prefix="eagledata-chromium-", ignore_cleanup_errors=True
+    ) as profile:
         process = await asyncio.create_subprocess_exec(
             executable,
             *FLAGS,
@@ -170,6 +179,8 @@ async def chromium(executable: str) -> AsyncIterator[Browser]:
             "about:blank",
             stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.DEVNULL,
+            start_new_session=True,
+            env={**os.environ, "TMPDIR": profile},  # its org.chromium.* scratch goes too
         )
         try:
             port = await _port(Path(profile), process)
@@ -197,3 +208,18 @@ async def chromium(executable: str) -> AsyncIterator[Browser]:
                 except TimeoutError:
                     process.kill()
                     await process.wait()
+            await _kill_session(process.pid)
+
+
+async def _kill_session(pid: int) -> None:
+    """Kill what is left of the browser's process group, and give it a moment to go."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        return
+    for _ in range(20):
+        await asyncio.sleep(0.1)
+        try:
+            os.killpg(pid, 0)
+        except (ProcessLookupError, PermissionError):
+            return
