@@ -107,6 +107,20 @@ def test_a_request_refused_with_503_leaves_no_prefix_in_the_cache() -> None:
         assert gen(http, **body).json()["meta_info"]["cached_tokens"] == 63
 
 
+def test_each_dp_rank_has_a_prefix_cache_of_its_own() -> None:
+    # Each of SGLang's DP schedulers (attention ranks or replicas) keeps its own radix tree, and
+    # the DP controller sends unpinned requests round robin: the same prompt twice in a row
+    # lands on two ranks and misses; pinned with data_parallel_rank it hits.
+    dp = {"tp_size": 2, "dp_size": 2, "enable_dp_attention": True}
+    with fresh(**dp) as server, httpx.Client(base_url=server.url) as http:
+        body = {"input_ids": prompt(9, length=64), "sampling_params": {"max_new_tokens": 4}}
+        cached = [gen(http, **body).json()["meta_info"]["cached_tokens"] for _ in range(3)]
+        assert cached == [0, 0, 63]  # rank 0, rank 1, rank 0 again
+        pinned = {**body, "input_ids": prompt(10, length=64), "data_parallel_rank": 1}
+        cached = [gen(http, **pinned).json()["meta_info"]["cached_tokens"] for _ in range(3)]
+        assert cached == [0, 63, 63]
+
+
 def test_default_max_new_tokens_is_128(client: httpx.Client) -> None:
     for i in range(30):
         item = gen(client, input_ids=prompt(i)).json()

@@ -293,7 +293,8 @@ async def flush_cache(request: web.Request) -> web.Response:
     if scheduler.live:
         return web.Response(status=400, text="Cache not flushed: requests are running or queued.")
     scheduler.prefix_seen.clear()
-    request.app[STATE].prefix_cache.clear()
+    for cache in request.app[STATE].prefix_caches.values():
+        cache.clear()
     return web.Response(text="Cache flushed.")
 
 

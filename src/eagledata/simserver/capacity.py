@@ -120,7 +120,6 @@ class CapacityEngine:
     def __init__(self, on_done: Finish) -> None:
         self.ranks: list[EngineRank] = []
         self._on_done = on_done
-        self._rr = 0
 
     def rank(self, index: int, config: SimConfig) -> EngineRank:
         while len(self.ranks) <= index:
@@ -130,12 +129,9 @@ class CapacityEngine:
     # --- requests in and out ----------------------------------------------------------------
 
     def place(self, item: Any, config: SimConfig) -> EngineRank:
-        """The rank an item goes to: its pin (``data_parallel_rank``), else round robin (the
-        ``--load-balance-method`` default)."""
-        if item.pinned_rank is not None:
-            return self.rank(item.pinned_rank, config)
-        self._rr = (self._rr + 1) % config.dp_size
-        return self.rank(self._rr, config)
+        """The rank an item goes to, chosen when its request arrived (``requests.dispatch_rank``:
+        its pin, else round robin), which is also the rank whose radix cache it hit."""
+        return self.rank(item.dp_rank, config)
 
     def queue_full(self, rank: EngineRank, config: SimConfig) -> bool:
         cap = config.max_queued_requests

@@ -11,6 +11,13 @@ cached one reports the matched length as ``cached_tokens``. Matching follows SGL
 * with ``return_logprob`` at ``logprob_start_len``: the tokens whose logprobs are asked for are
   always computed, never taken from the cache.
 
+With several DP ranks (``dp_size`` > 1, attention ranks or replicas) each rank has a cache of its
+own, as each of SGLang's DP schedulers has its own radix tree; a request goes to its
+``data_parallel_rank`` pin, else to the next rank round robin, the DP controller's default
+(``--load-balance-method auto``, sglang-quality-and-load.md section 3, S9
+``managers/data_parallel_controller.py``). So a prompt warmed on one rank is cold on the others
+(``requests.dispatch_rank``; a batch body goes to one rank here).
+
 Prefixes are kept as hashes at every ``PAGE``-token boundary, least recently used evicted past
 ``MAX_PAGES``: memory stays bounded whatever the run.
 """

@@ -32,15 +32,17 @@ class Parsed:
     """Per pair: the logprob fields of its ``meta_info`` (logprobs.py), or None."""
     prompts: list[tuple[bytes, list[int]]] = field(default_factory=list)
     """(digest, ids) of each prompt, for the prefix cache once the scheduler takes them."""
+    rank: int = 0
+    """The DP rank it goes to, whose prefix cache it reads and fills."""
 
 
 def remember_prompts(state: SimState, parsed: Parsed) -> None:
     """The scheduler took the request: its prompts are in the prefix cache from now on (a
     request refused with 503 never is)."""
     for digest, ids in parsed.prompts:
-        state.scheduler.remember_prefix(digest)
+        state.scheduler.remember_prefix(_on_rank(digest, parsed.rank))
         if not state.config.disable_radix_cache:
-            state.prefix_cache.insert(ids)
+            state.prefix_cache(parsed.rank).insert(ids)
 
 
 def _prompts(obj: dict[str, Any], model: ModelSpec) -> tuple[list[list[int]], bool]:
@@ -80,6 +82,19 @@ def _rids(obj: dict[str, Any], prompts: int, n: int) -> list[str]:
     if not isinstance(rid, list) or len(rid) != prompts or not all(isinstance(r, str) for r in rid):
         raise bad_value("The rid should be a string or a list of strings, one per prompt.")
     return list(rid) if n == 1 else [f"{r}_{j}" for r in rid for j in range(n)]
+
+
+def dispatch_rank(obj: dict[str, Any], state: SimState) -> int:
+    """The DP rank a request goes to: its pin, else the next in round robin. Each rank (a DP
+    attention rank, or a DP replica) has a radix cache of its own, so a prompt warmed on one
+    rank is cold on the others. A batch body goes to one rank here (SGLang dispatches each of
+    its requests)."""
+    pinned = _pinned_rank(obj, state.config.dp_size)
+    return pinned if pinned is not None else state.next_dp_rank()
+
+
+def _on_rank(digest: bytes, rank: int) -> bytes:
+    return digest + rank.to_bytes(2, "big")
 
 
 def _pinned_rank(obj: dict[str, Any], dp_size: int) -> int | None:
@@ -139,7 +154,7 @@ def parse_generate(obj: Any, state: SimState) -> Parsed:
             )
         budgets.append(max_new)
     pairs: list[tuple[Item, SamplingSpec]] = []
-    pinned = _pinned_rank(obj, config.dp_size)
+    rank = dispatch_rank(obj, state)
     fp8, dtype = config.is_fp8(), config.effective_kv_dtype()
     digests = []
     wants = parse_logprob_requests(obj, prompts, config.version_tuple(), config.logprobs_supported)
@@ -157,24 +172,26 @@ def parse_generate(obj: Any, state: SimState) -> Parsed:
             item = Item(rids[len(pairs)], len(ids), out, finish)
             shape = answer_shape(digest, spec, config, j, max_new)
             state.answers.note(item.rid, shape, config.degraded, time.time())
-            item.max_new, item.ignore_eos, item.pinned_rank = max_new, spec.ignore_eos, pinned
+            item.max_new, item.ignore_eos, item.dp_rank = max_new, spec.ignore_eos, rank
             item.kv_dtype = dtype
-            seen = state.scheduler.seen_prefix(config, digest, len(ids))
+            seen = state.scheduler.seen_prefix(config, _on_rank(digest, rank), len(ids))
             if (repeat or j > 0) and not config.disable_radix_cache:
                 seen = len(ids) - 1
-            item.cached = _cached(state, ids, seen, want)
+            item.cached = _cached(state, rank, ids, seen, want)
             metas.append(_logprobs(state, want, ids, out, item.cached))
             pairs.append((item, spec))
     key = hashlib.blake2b(b"".join(digests), digest_size=16).digest()
-    return Parsed(pairs, single and n == 1, stream, key, metas, taken)
+    return Parsed(pairs, single and n == 1, stream, key, metas, taken, rank)
 
 
-def _cached(state: SimState, ids: list[int], seen: int, want: LogprobRequest | None) -> int:
+def _cached(
+    state: SimState, rank: int, ids: list[int], seen: int, want: LogprobRequest | None
+) -> int:
     """The radix cache's match (prefix_cache.py); never past ``logprob_start_len``."""
     if state.config.disable_radix_cache:
         return seen
     cap = want.start if want is not None else None
-    cached = max(seen, state.prefix_cache.match(ids, cap))
+    cached = max(seen, state.prefix_cache(rank).match(ids, cap))
     return cached if cap is None else min(cached, cap)
 
 

@@ -24,6 +24,7 @@ class Item:
         "admit_fut",
         "admitted_at",
         "cached",
+        "dp_rank",
         "duration",
         "finish",
         "fut",
@@ -34,7 +35,6 @@ class Item:
         "kv_dtype",
         "max_new",
         "output_ids",
-        "pinned_rank",
         "prompt_len",
         "rank",
         "reserve",
@@ -59,11 +59,12 @@ class Item:
         self.admit_fut: asyncio.Future[None] | None = None
         self.timer: asyncio.TimerHandle | None = None
         # The capacity engine's view (simserver/capacity.py): tokens decoded so far, KV tokens
-        # held while running, times retracted, the request's budget and DP rank pin.
+        # held while running, times retracted, the request's budget.
         self.generated = self.held = self.retractions = 0
         self.max_new = len(out)
         self.ignore_eos = False
-        self.pinned_rank: int | None = None
+        self.dp_rank = 0
+        """The DP rank it was dispatched to (``requests.dispatch_rank``)."""
         self.waiter: tuple[int, asyncio.Future[None]] | None = None
 
     def result(self) -> tuple[list[int], FinishReason]:
@@ -124,7 +125,6 @@ class Scheduler:
         self.rid_counts: Counter[str] = Counter()
         self.prefix_seen: dict[bytes, None] = {}
         self.stats = SimStats()
-        self._rr = 0
         self._window = (0.0, 0)
         self._last_throughput = 0.0
         self.engine = CapacityEngine(lambda item, config: self.finish(item, DONE, config))
@@ -154,8 +154,7 @@ class Scheduler:
             self._submit_to_engine(items, config)
             return
         for placed, item in enumerate(items):
-            self._rr = (self._rr + 1) % config.dp_size
-            rank = self.rank(self._rr)
+            rank = self.rank(item.dp_rank)
             item.rank = rank.index
             if not rank.queue and self._fits(rank, item, config):
                 self._admit(rank, item, config, now)

@@ -25,11 +25,22 @@ class SimState:
     port: int = 0
     attempts: dict[bytes, int] = field(default_factory=dict)
     answers: AnswerLedger = field(default_factory=AnswerLedger)
-    prefix_cache: PrefixCache = field(default_factory=PrefixCache)
+    prefix_caches: dict[int, PrefixCache] = field(default_factory=dict)
+    """One radix cache per DP rank: each of SGLang's DP schedulers has a tree of its own."""
+    dp_round_robin: int = 0
     noise_rng: np.random.Generator = field(default_factory=np.random.default_rng)
     """Batch noise is not reproducible on a real server either: seeded from the OS."""
     """Each answer's drawn shape and whether it was produced degraded (ground truth)."""
     spec_tally: SpecTally = field(default_factory=SpecTally)
+
+    def prefix_cache(self, rank: int) -> PrefixCache:
+        return self.prefix_caches.setdefault(rank, PrefixCache())
+
+    def next_dp_rank(self) -> int:
+        """The DP controller's ``--load-balance-method round_robin`` (the default)."""
+        rank = self.dp_round_robin % self.config.dp_size
+        self.dp_round_robin = rank + 1
+        return rank
 
 
 STATE = web.AppKey("sim_state", SimState)
