@@ -158,6 +158,28 @@ def test_a_long_run_checks_often_and_every_check_passes(tokenizer_dir: str, tmp_
     assert len({r["id"] for r in records}) == len(records) == 160
 
 
+def test_a_run_on_a_dp_server_scores_every_check_warm(tokenizer_dir: str, tmp_path: Path) -> None:
+    """A whole run against a DP server: the canary takes the ranks from the server's facts and
+    its pinned requests are accepted beside the run's own traffic (a rank out of range would be
+    a 400 and fail the check); every check is warm and passes, and every record lands."""
+    out = tmp_path / "run"
+    dp = {"tp_size": 2, "dp_size": 2, "enable_dp_attention": True}
+    with SimServerThread(sim_config(tokenizer_dir, latency_s=0.05, **NOISY, **dp)) as sim:
+        config = canary_config(
+            sim.url,
+            out,
+            generation={"samples_per_prompt": 2},
+            server={"guard_interval_s": 0.1, "guard_max_held": 8},
+            run={"concurrency": 8},
+        )
+        summary = pipeline.generate(config, DATASET, None, progress=False)
+    assert summary.written == 80
+    checks = [entry for entry in ledger(out) if entry["kind"] == "check"]
+    assert len(checks) >= 3
+    assert [entry["cold"] for entry in checks] == [0] * len(checks)
+    assert {entry["verdict"] for entry in checks} == {"pass"}
+
+
 # --- silent degradation ------------------------------------------------------------------------
 
 
@@ -263,6 +285,33 @@ def test_a_canary_without_warm_up_is_blind_to_a_degraded_cache(tokenizer_dir: st
     assert cold.cold == 6 and warm.cold == 0
     assert cold_fires == []  # blind
     assert warm_fires  # sees it
+
+
+def test_on_a_dp_server_each_warm_up_and_its_scoring_share_a_rank(tokenizer_dir: str) -> None:
+    """Each DP rank has a radix cache of its own, and SGLang sends unpinned requests round robin:
+    beside other traffic a reference's warm-up and its scoring land on different ranks and the
+    scoring is cold, blind to the pooled KV. Pinned to one rank, every reference is warm (and
+    they go round the ranks), and the degraded cache is seen."""
+    dp = {"tp_size": 2, "dp_size": 2, "enable_dp_attention": True}
+    with SimServerThread(sim_config(tokenizer_dir, **NOISY, **dp)) as sim:
+
+        async def main() -> tuple[Any, list[str]]:
+            client, baseline = await _baseline(sim.url, CanarySettings(**{**SMALL, "probes": 0}))
+            scorer = CanaryScorer(client, dp_ranks=lambda _: 2)
+            try:
+                sim.control(degraded=True)
+                async with httpx.AsyncClient() as http:
+                    await http.post(sim.url + "/flush_cache")
+                measured = await scorer.score_under_load(sim.url, baseline.canary_set, 4)
+            finally:
+                await client.__aexit__(None, None, None)
+            return measured, fired(
+                compare(measured.scoring, baseline.reference), baseline.thresholds
+            )
+
+        measured, fires = asyncio.run(main())
+    assert measured.cold == 0
+    assert fires
 
 
 # --- bad input, the command, --no-canary ----------------------------------------------------------

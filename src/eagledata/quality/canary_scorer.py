@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,10 +39,17 @@ class Measured:
 
 
 class CanaryScorer:
-    """Sends the canary's requests to one named server and parses what comes back."""
+    """Sends the canary's requests to one named server and parses what comes back.
 
-    def __init__(self, client: SGLangClient) -> None:
+    ``dp_ranks`` says how many DP ranks a server has (``ServerFacts.dp_ranks``). Each rank has a
+    radix cache of its own and SGLang spreads requests over them round robin, so a reference's
+    warm-up and its scoring would land on different ranks and the scoring would be cold (blind
+    to the pooled KV). Both are pinned to one rank (``data_parallel_rank``), and the references
+    go round the ranks, so that every check reads every rank's KV."""
+
+    def __init__(self, client: SGLangClient, dp_ranks: Callable[[str], int] | None = None) -> None:
         self.client = client
+        self.dp_ranks = dp_ranks
 
     async def _post(self, url: str, body: dict[str, Any], counter: Measured) -> dict[str, Any]:
         """One request, tried again on a transient failure (503, 5xx, a reset): a busy server
@@ -94,36 +102,35 @@ class CanaryScorer:
         prefill on a real server, whatever its latency per request."""
         started = time.monotonic()
         measured = Measured(Scoring(np.zeros(0), np.zeros((0, 0)), np.zeros((0, 0))))
+        ranks = self.dp_ranks(url) if self.dp_ranks is not None else 1
+
+        def on_rank(body: dict[str, Any], index: int) -> dict[str, Any]:
+            return body if ranks < 2 else {**body, "data_parallel_rank": index % ranks}
 
         async def one(
-            prompt: list[int], reference: list[int]
+            index: int, prompt: list[int], reference: list[int]
         ) -> tuple[np.ndarray, list[int], np.ndarray, np.ndarray, int]:
             if warm:
-                await self._post(
-                    url, {"input_ids": prompt, "sampling_params": {"max_new_tokens": 0}}, measured
-                )
-            answer = await self._post(
-                url,
-                {
-                    "input_ids": prompt + reference,
-                    "return_logprob": True,
-                    "logprob_start_len": len(prompt) - 1,
-                    "top_logprobs_num": canary.top_k,
-                    "sampling_params": {"max_new_tokens": 0},
-                },
-                measured,
-            )
+                warm_up = {"input_ids": prompt, "sampling_params": {"max_new_tokens": 0}}
+                await self._post(url, on_rank(warm_up, index), measured)
+            scoring = {
+                "input_ids": prompt + reference,
+                "return_logprob": True,
+                "logprob_start_len": len(prompt) - 1,
+                "top_logprobs_num": canary.top_k,
+                "sampling_params": {"max_new_tokens": 0},
+            }
+            answer = await self._post(url, on_rank(scoring, index), measured)
             return _parse_scored(url, answer, prompt, reference, canary)
 
-        async def probe(prompt: list[int]) -> list[int]:
+        async def probe(index: int, prompt: list[int]) -> list[int]:
             params = {"max_new_tokens": canary.probe_tokens, "temperature": 0.0, "ignore_eos": True}
-            answer = await self._post(
-                url, {"input_ids": prompt, "sampling_params": params}, measured
-            )
+            body = {"input_ids": prompt, "sampling_params": params}
+            answer = await self._post(url, on_rank(body, index), measured)
             return [int(t) for t in answer.get("output_ids") or []]
 
-        scored = await asyncio.gather(*(one(p, r) for p, r in canary.references))
-        greedy = list(await asyncio.gather(*(probe(p) for p in canary.probes)))
+        scored = await asyncio.gather(*(one(i, p, r) for i, (p, r) in enumerate(canary.references)))
+        greedy = list(await asyncio.gather(*(probe(i, p) for i, p in enumerate(canary.probes))))
         for (prompt, reference), (_, ids, _, _, cached) in zip(
             canary.references, scored, strict=True
         ):

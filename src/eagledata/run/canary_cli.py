@@ -51,7 +51,7 @@ async def _record(config: AppConfig, dataset_arg: str, dataset: ResolvedDataset,
         )
         prompts = await asyncio.to_thread(canary_prompts, config, dataset, tokenizer, limit)
         baseline = await build_baseline(
-            CanaryScorer(client),
+            CanaryScorer(client, dp_ranks=guard.dp_ranks),
             url,
             prompts,
             config.canary,
@@ -104,7 +104,7 @@ async def _score_against(
             expected_model=config.server.expected_model,
             bf16_bytes_per_token=config.server.bf16_kv_bytes_per_token,
         )
-        scorer = CanaryScorer(client)
+        scorer = CanaryScorer(client, dp_ranks=lambda _: info.dp_ranks)
         reference, limits = baseline.reference, baseline.thresholds
         results: list[dict[str, Any]] = []
         stats_seen: list[dict[str, float]] = []

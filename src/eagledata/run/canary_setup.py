@@ -103,7 +103,7 @@ async def start_canary(
 ) -> CanaryMonitor:
     """The run's canary, checked once on every reachable server (trigger ``start``)."""
     healthy = [endpoint.url for endpoint in client.endpoints if endpoint.healthy]
-    scorer = CanaryScorer(client)
+    scorer = CanaryScorer(client, dp_ranks=kv_guard.dp_ranks)
     facts = kv_guard.facts.get(healthy[0]) if healthy else None
     baseline = await load_or_record_baseline(
         run_dir,

@@ -51,6 +51,11 @@ class KVGuard:
         """The KV check runs on every round of the holder."""
         return "period"
 
+    def dp_ranks(self, url: str) -> int:
+        """The DP ranks the server's last facts report (1 before any)."""
+        facts = self.facts.get(url)
+        return 1 if facts is None else facts.dp_ranks
+
     def facts_key(self, url: str) -> object:
         """What of the server's facts a canary re-checks on change (version, dtypes, pool)."""
         facts = self.facts.get(url)

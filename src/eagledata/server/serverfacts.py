@@ -150,6 +150,12 @@ class ServerFacts(_Facts):
             raise ServerRefusedError(f"server_info: {loc}: {first['msg']}{more}") from None
 
     @property
+    def dp_ranks(self) -> int:
+        """The DP ranks (attention ranks or replicas) a request can be pinned to with
+        ``data_parallel_rank``: each has its own scheduler and radix cache."""
+        return max(1, self.dp_size or 1)
+
+    @property
     def system_kv_tokens(self) -> int | None:
         """KV slots of the whole server: DP attention ranks add up, DCP multiplies each."""
         per_rank = self.max_total_num_tokens
