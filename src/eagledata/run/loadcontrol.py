@@ -35,7 +35,7 @@ from eagledata.capacity.controller import (
 from eagledata.capacity.forecast import Floats, new_draws
 from eagledata.capacity.lengths import LengthModel
 from eagledata.config import LoadSettings
-from eagledata.run.telemetry import TelemetryLog, forecast_usage, lane_entry
+from eagledata.run.telemetry import TelemetryLog, forecast_usage, lane_entry, lane_name
 from eagledata.server.client import SGLangClient
 from eagledata.server.loads import ServerLoad, merge_workers
 from eagledata.server.serverfacts import ServerFacts
@@ -224,8 +224,8 @@ class LoadController:
                     f"retract:{url}",
                     f"{url} retracted requests: target KV usage now {lane.target.value:.2f}",
                 )
-            lane_key = _lane_key(lane)
-            self.latest[lane_key] = self._entry(lane, load.source, rank.running, rank.waiting)
+            name = lane_name(lane.server, lane.rank)
+            self.latest[name] = self._entry(lane, load.source, rank.running, rank.waiting)
 
     def _fall_back(self, url: str, lanes: list[Lane]) -> None:
         """No load signal: the planner's number, said once per server."""
@@ -367,7 +367,7 @@ class LoadController:
     def _write_telemetry(self) -> None:
         for lanes in self.lanes.values():
             for lane in lanes:
-                entry = self.latest.get(_lane_key(lane))
+                entry = self.latest.get(lane_name(lane.server, lane.rank))
                 if entry is None:
                     entry = {
                         **self._entry(lane, "none", None, None),
@@ -397,7 +397,3 @@ class LoadController:
         if usages:
             fields = {"kv": f"{100 * sum(usages) / len(usages):.0f}%", **fields}
         return fields
-
-
-def _lane_key(lane: Lane) -> str:
-    return lane.server if lane.rank is None else f"{lane.server}#{lane.rank}"

@@ -15,6 +15,7 @@ from typing import Any
 import orjson
 
 from eagledata.run.manifest import RunDir, RunTotals, scan_totals
+from eagledata.run.telemetry import TELEMETRY_FILE, lane_name
 from eagledata.run.writer import iter_jsonl_lines
 
 
@@ -163,17 +164,15 @@ TELEMETRY_TAIL_BYTES = 256 * 1024
 
 
 def lane_key(sample: dict[str, Any]) -> str:
-    """A telemetry sample's lane: its server, and its DP rank when the server has several
-    (each rank has a controller and a pool of its own, so one must not hide the others)."""
-    server = str(sample.get("server"))
+    """A telemetry sample's lane (``telemetry.lane_name``)."""
     rank = sample.get("rank")
-    return server if rank is None else f"{server} rank {rank}"
+    return lane_name(str(sample.get("server")), rank if isinstance(rank, int) else None)
 
 
 def latest_load(path: Path) -> dict[str, Any] | None:
     """The latest ``telemetry.jsonl`` sample per lane (``lane_key``: a server, or a DP rank
     of one), read from the file's tail only."""
-    telemetry = path / "telemetry.jsonl"
+    telemetry = path / TELEMETRY_FILE
     if not telemetry.is_file():
         return None
     with telemetry.open("rb") as handle:

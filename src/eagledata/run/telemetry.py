@@ -12,11 +12,12 @@ import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from eagledata.capacity.controller import Lane
+if TYPE_CHECKING:  # only its type: ``status`` reads this module and needs no numpy
+    from eagledata.capacity.controller import Lane
 
 TELEMETRY_FILE = "telemetry.jsonl"
 ROTATED_FILE = "telemetry.1.jsonl"
@@ -70,6 +71,12 @@ def read_telemetry(run_dir: Path) -> Iterator[dict[str, Any]]:
                 continue
             if isinstance(entry, dict):
                 yield entry
+
+
+def lane_name(server: str, rank: int | None) -> str:
+    """A lane's name: its server, and its DP rank when the server has several (each rank has a
+    controller and a pool of its own, so one must not hide the others)."""
+    return server if rank is None else f"{server} rank {rank}"
 
 
 def lane_entry(
