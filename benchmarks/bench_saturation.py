@@ -358,8 +358,11 @@ def table(points: list[Point]) -> str:
 
 
 def versus_fixed(points: list[Point]) -> str:
-    best = max((p for p in points if p.label != "auto" and "auto" not in p.label), key=_tok_s)
-    auto = next(p for p in points if "auto" in p.label)
+    fixed = [p for p in points if "auto" not in p.label]
+    auto = next((p for p in points if "auto" in p.label), None)
+    if not fixed or auto is None:
+        return "(no auto / fixed comparison: this run measured only one kind)"
+    best = max(fixed, key=_tok_s)
     return (
         f"auto / best fixed ({best.label}): {100 * auto.tok_s / best.tok_s:.1f}% "
         f"(target >= 97%, zero retractions, zero 503s, mean KV >= 85%)"
