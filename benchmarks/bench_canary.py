@@ -1,13 +1,16 @@
 """The canary on the simulated server: its cost per check and its detection margin.
 
     python benchmarks/bench_canary.py [--prompt-tokens 2000] [--checks 5]
+    python benchmarks/bench_canary.py --dp 4 --degrade-rank 3   # one DP rank of four degraded
 
 Records a baseline with the default settings (24 references of 512 tokens, 8 greedy probes of
 256 tokens, 3 idle + 3 loaded scorings), then runs healthy checks and degraded checks
 (``SimConfig.degraded``: still bf16 everywhere) and prints, per check, the requests, prompt
 tokens and seconds, and for each statistic its noise threshold and the degraded value over it.
 Prompts are cut from the simulator's own text (real canary prompts come from the run's dataset).
-The simulated server runs in a separate process, as a real one would.
+The simulated server runs in a separate process, as a real one would. With ``--dp N`` it has N
+DP attention ranks, each with a prefix cache of its own; the canary pins each reference to one
+(``CanaryScorer``), and ``--degrade-rank R`` degrades rank R alone (``degraded_dp_ranks``).
 """
 
 from __future__ import annotations
@@ -52,13 +55,15 @@ async def main(args: argparse.Namespace) -> None:
         "logprob_noise": args.noise,
         "routing_flip_rate": args.flips,
     }
+    if args.dp > 1:
+        options.update(tp_size=args.dp, dp_size=args.dp, enable_dp_attention=True)
     table = resolve_model(SimConfig(**options)).table  # type: ignore[arg-type]
     settings = CanarySettings()
     prompts = [table[i * 997 : i * 997 + args.prompt_tokens] for i in range(settings.prompts)]
     process, url = start_server(options)
     try:
         async with SGLangClient([url], in_flight=64) as client:
-            scorer = CanaryScorer(client)
+            scorer = CanaryScorer(client, dp_ranks=lambda _: args.dp)
             started = time.monotonic()
             baseline = await build_baseline(
                 scorer, url, prompts, settings, model_path=None, ledger=None
@@ -66,8 +71,13 @@ async def main(args: argparse.Namespace) -> None:
             baseline_s = time.monotonic() - started
             limits = baseline.thresholds
             healthy = [await scorer.score(url, baseline.canary_set) for _ in range(args.checks)]
+            fault = (
+                {"degraded": True}
+                if args.degrade_rank is None
+                else {"degraded_dp_ranks": [args.degrade_rank]}
+            )
             async with httpx.AsyncClient() as http:  # the silent degradation, switched on
-                await http.post(url + "/_sim/control", json={"degraded": True})
+                await http.post(url + "/_sim/control", json=fault)
             degraded = [await scorer.score(url, baseline.canary_set) for _ in range(args.checks)]
     finally:
         process.terminate()
@@ -117,4 +127,8 @@ if __name__ == "__main__":
     parser.add_argument("--checks", type=int, default=5)
     parser.add_argument("--noise", type=float, default=0.01)
     parser.add_argument("--flips", type=float, default=0.01)
+    parser.add_argument("--dp", type=int, default=1, help="DP attention ranks of the server")
+    parser.add_argument(
+        "--degrade-rank", type=int, default=None, help="degrade this DP rank only (default: all)"
+    )
     asyncio.run(main(parser.parse_args()))

@@ -314,6 +314,28 @@ def test_on_a_dp_server_each_warm_up_and_its_scoring_share_a_rank(tokenizer_dir:
     assert fires
 
 
+def test_a_fault_on_one_dp_rank_is_caught(tokenizer_dir: str) -> None:
+    """The references go round the ranks, so a rank that degrades alone moves its share of them
+    (here half), and the check fires on it."""
+    dp = {"tp_size": 2, "dp_size": 2, "enable_dp_attention": True}
+    with SimServerThread(sim_config(tokenizer_dir, **NOISY, **dp)) as sim:
+
+        async def main() -> list[str]:
+            client, baseline = await _baseline(sim.url, CanarySettings(**SMALL))
+            scorer = CanaryScorer(client, dp_ranks=lambda _: 2)
+            try:
+                healthy = await scorer.score(sim.url, baseline.canary_set)
+                sim.control(degraded_dp_ranks=[1])
+                degraded = await scorer.score(sim.url, baseline.canary_set)
+            finally:
+                await client.__aexit__(None, None, None)
+            assert healthy.cold == degraded.cold == 0
+            assert fired(compare(healthy.scoring, baseline.reference), baseline.thresholds) == []
+            return fired(compare(degraded.scoring, baseline.reference), baseline.thresholds)
+
+        assert asyncio.run(main())
+
+
 # --- bad input, the command, --no-canary ----------------------------------------------------------
 
 

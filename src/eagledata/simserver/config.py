@@ -154,6 +154,9 @@ class SimConfig(BaseModel):
     degraded: bool = False
     """Silent degradation: every dtype report stays bf16, but tokens that read pooled KV score
     lower and decode produces other tokens (an fp8 or corrupted cache, a bad kernel)."""
+    degraded_dp_ranks: list[int] = Field(default_factory=list)
+    """The same, on these DP ranks only (a fault in one rank's kernels or memory; ``degraded``
+    is every rank)."""
     degrade_shift: float = Field(default=0.05, ge=0.0)
     degrade_sigma: float = Field(default=0.05, ge=0.0)
 
@@ -161,12 +164,18 @@ class SimConfig(BaseModel):
     def _check(self) -> SimConfig:
         if self.enable_dp_attention and (self.dp_size < 2 or self.tp_size % self.dp_size):
             raise ValueError("enable_dp_attention needs dp_size > 1 and tp_size % dp_size == 0")
+        if any(not 0 <= rank < self.dp_size for rank in self.degraded_dp_ranks):
+            raise ValueError(f"degraded_dp_ranks must be DP ranks in [0, {self.dp_size})")
         eos, vocab = self.eos_token_id, self.vocab_size
         if eos is not None and vocab is not None and eos >= vocab:
             raise ValueError("eos_token_id must be < vocab_size")
         return self
 
     # --- derived ------------------------------------------------------------------------------
+
+    def degraded_on(self, rank: int) -> bool:
+        """Is a request on this DP rank silently degraded?"""
+        return self.degraded or rank in self.degraded_dp_ranks
 
     def effective_kv_dtype(self) -> str:
         """The KV dtype the scheduler really uses (``internal_states[i].kv_cache_dtype``)."""

@@ -90,8 +90,10 @@ def generate(
     fp8: bool,
     sample_index: int = 0,
     prompt_len: int = 0,
+    degraded: bool | None = None,
 ) -> tuple[list[int], FinishReason]:
-    """The deterministic output of one sample; ``max_new`` is already resolved."""
+    """The deterministic output of one sample; ``max_new`` is already resolved. ``degraded``:
+    whether its DP rank is (``config.degraded`` when not given)."""
     index = 0 if spec.greedy else sample_index
     h = answer_hash(digest, spec, config, index, fp8)
     offset = int.from_bytes(h[:4]) % TABLE_SIZE
@@ -120,12 +122,12 @@ def generate(
     elif shape == LOOP:
         ids = loop_answer(_body(model, offset, max_new, banned), h, max_new)
         finish = {"type": "length", "length": max_new}
-    if config.degraded and ids:
+    if (config.degraded if degraded is None else degraded) and ids:
         ids = degraded_answer(model, ids, h, banned, finish)
     if fp8:
         twin = generate(
             model, digest, spec, max_new, config, fp8=False, sample_index=index,
-            prompt_len=prompt_len,
+            prompt_len=prompt_len, degraded=degraded,
         )  # fmt: skip
         if twin[0] == ids and ids:  # fp8 must visibly differ from bf16: nudge the first token
             ids[0] = next(t for t in model.table if t != ids[0] and t not in banned)

@@ -160,6 +160,7 @@ def parse_generate(obj: Any, state: SimState) -> Parsed:
     wants = parse_logprob_requests(obj, prompts, config.version_tuple(), config.logprobs_supported)
     metas: list[dict[str, Any] | None] = []
     taken: list[tuple[bytes, list[int]]] = []
+    degraded = config.degraded_on(rank)
     for ids, spec, max_new, want in zip(prompts, specs, budgets, wants, strict=True):
         digest = prompt_digest(ids)
         digests.append(digest + spec.sampling_key)
@@ -167,18 +168,19 @@ def parse_generate(obj: Any, state: SimState) -> Parsed:
         taken.append((digest, ids))
         for j in range(n):
             out, finish = generate(
-                model, digest, spec, max_new, config, fp8=fp8, sample_index=j, prompt_len=len(ids)
-            )
+                model, digest, spec, max_new, config,
+                fp8=fp8, sample_index=j, prompt_len=len(ids), degraded=degraded,
+            )  # fmt: skip
             item = Item(rids[len(pairs)], len(ids), out, finish)
             shape = answer_shape(digest, spec, config, j, max_new)
-            state.answers.note(item.rid, shape, config.degraded, time.time())
+            state.answers.note(item.rid, shape, degraded, time.time())
             item.max_new, item.ignore_eos, item.dp_rank = max_new, spec.ignore_eos, rank
             item.kv_dtype = dtype
             seen = state.scheduler.seen_prefix(config, _on_rank(digest, rank), len(ids))
             if (repeat or j > 0) and not config.disable_radix_cache:
                 seen = len(ids) - 1
             item.cached = _cached(state, rank, ids, seen, want)
-            metas.append(_logprobs(state, want, ids, out, item.cached))
+            metas.append(_logprobs(state, want, ids, out, item.cached, degraded))
             pairs.append((item, spec))
     key = hashlib.blake2b(b"".join(digests), digest_size=16).digest()
     return Parsed(pairs, single and n == 1, stream, key, metas, taken, rank)
@@ -196,7 +198,12 @@ def _cached(
 
 
 def _logprobs(
-    state: SimState, want: LogprobRequest | None, ids: list[int], out: list[int], cached: int
+    state: SimState,
+    want: LogprobRequest | None,
+    ids: list[int],
+    out: list[int],
+    cached: int,
+    degraded: bool,
 ) -> dict[str, Any] | None:
     if want is None:
         return None
@@ -215,7 +222,7 @@ def _logprobs(
         out,
         vocab=state.model.vocab_size,
         noise=noise,
-        degraded=config.degraded,
+        degraded=degraded,
         cached=cached,
         decode=decode,
     )
