@@ -25,12 +25,13 @@ class SimState:
     port: int = 0
     attempts: dict[bytes, int] = field(default_factory=dict)
     answers: AnswerLedger = field(default_factory=AnswerLedger)
+    """Each answer's drawn shape and whether it was produced degraded (ground truth)."""
     prefix_caches: dict[int, PrefixCache] = field(default_factory=dict)
     """One radix cache per DP rank: each of SGLang's DP schedulers has a tree of its own."""
     dp_round_robin: int = 0
+    """The rank the next unpinned request goes to (``next_dp_rank``)."""
     noise_rng: np.random.Generator = field(default_factory=np.random.default_rng)
     """Batch noise is not reproducible on a real server either: seeded from the OS."""
-    """Each answer's drawn shape and whether it was produced degraded (ground truth)."""
     spec_tally: SpecTally = field(default_factory=SpecTally)
 
     def prefix_cache(self, rank: int) -> PrefixCache:
