@@ -19,7 +19,7 @@ import pytest
 from conftest import SAMPLES, eagledata_cmd, make_config, read_failures, read_records, sim_config
 from eagledata.config import AppConfig, CanarySettings
 from eagledata.errors import CanaryDriftError, ConfigError, ServerError
-from eagledata.quality.canary import build_baseline
+from eagledata.quality.canary import CanaryMonitor, build_baseline
 from eagledata.quality.canary_baseline import Baseline
 from eagledata.quality.canary_scorer import CanaryScorer
 from eagledata.quality.canary_stats import Scoring, compare, fired
@@ -178,6 +178,8 @@ def test_a_run_on_a_dp_server_scores_every_check_warm(tokenizer_dir: str, tmp_pa
     assert len(checks) >= 3
     assert [entry["cold"] for entry in checks] == [0] * len(checks)
     assert {entry["verdict"] for entry in checks} == {"pass"}
+    # 6 references of 48 tokens over two ranks: a share too small for verdicts of its own.
+    assert all("ranks" not in entry for entry in checks)
 
 
 # --- silent degradation ------------------------------------------------------------------------
@@ -334,6 +336,49 @@ def test_a_fault_on_one_dp_rank_is_caught(tokenizer_dir: str) -> None:
             return fired(compare(degraded.scoring, baseline.reference), baseline.thresholds)
 
         assert asyncio.run(main())
+
+
+def test_one_dp_rank_of_four_degraded_fails_its_own_verdict(tokenizer_dir: str) -> None:
+    """Pooled over four ranks, one degraded rank moves a quarter of the references and stays
+    under the pooled thresholds; compared on its own share of the baseline it fires, the
+    rerun fires again, and the check stops the run naming the rank."""
+    dp = {"tp_size": 4, "dp_size": 4, "enable_dp_attention": True}
+    lines: list[bytes] = []
+
+    class Ledger:
+        def append(self, line: bytes) -> None:
+            lines.append(line)
+
+    # A mild fault (a tenth of the usual shift): a quarter of it is under the pooled floor.
+    with SimServerThread(sim_config(tokenizer_dir, **NOISY, **dp, degrade_shift=0.006)) as sim:
+
+        async def main() -> str:
+            settings = CanarySettings(
+                **{**SMALL, "prompts": 8, "probes": 4, "reference_tokens": 256}
+            )
+            client = SGLangClient([sim.url], in_flight=16)
+            async with client:
+                scorer = CanaryScorer(client, dp_ranks=lambda _: 4)
+                baseline = await build_baseline(
+                    scorer, sim.url, prompts(8), settings, model_path=None, ledger=None
+                )
+                monitor = CanaryMonitor(
+                    scorer, baseline, period_s=60, max_held=100, ledger=Ledger()
+                )
+                await monitor.check(sim.url, "start")  # healthy: every rank passes
+                sim.control(degraded_dp_ranks=[3])
+                with pytest.raises(CanaryDriftError) as caught:
+                    await monitor.check(sim.url, "period")
+            return str(caught.value)
+
+        message = asyncio.run(main())
+    assert "rank 3: " in message
+    checks = [orjson.loads(line) for line in lines]
+    assert [c["verdict"] for c in checks] == ["pass", "fired", "drift"]
+    assert all(len(c["ranks"]) == 4 and c["cold"] == 0 for c in checks)
+    for check in checks[1:]:
+        assert fired(check["stats"], check["thresholds"]) == []  # the pooled verdict is blind
+        assert [r["rank"] for r in check["ranks"] if r["fired"]] == [3]
 
 
 # --- bad input, the command, --no-canary ----------------------------------------------------------

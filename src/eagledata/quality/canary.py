@@ -17,14 +17,15 @@ continuation the server sampled from it once it had passed the KV guard):
 Plus greedy decode probes (the data is produced in decode). The statistics and thresholds are in
 ``canary_stats``; the baseline (several scorings at the start, idle and under load) is in
 ``canary_baseline``, stored in the run directory (``canary/baseline.json``) so that ``resume``
-compares with the original; the requests and their parsing are in ``canary_scorer``. This module
-records the baseline and runs the checks.
+compares with the original; the requests and their parsing are in ``canary_scorer``. On a server
+with several DP ranks both requests of a reference go to one rank, and each rank's share is also
+judged on its own (``canary_ranks``). This module records the baseline and runs the checks.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import orjson
@@ -32,6 +33,7 @@ import orjson
 from eagledata.config import CanarySettings
 from eagledata.errors import CanaryDriftError, ServerError, ServerUnavailableError
 from eagledata.quality.canary_baseline import Baseline, rules_of
+from eagledata.quality.canary_ranks import RankShare, RankVerdict, rank_shares, rank_verdicts
 from eagledata.quality.canary_scorer import CanaryScorer, Measured
 from eagledata.quality.canary_stats import compare, fired, hard_stop
 
@@ -106,8 +108,9 @@ def _log(
     limits: dict[str, float],
     reason: str,
     measured: Measured | None,
+    ranks: Sequence[RankVerdict] = (),
 ) -> None:
-    entry = {
+    entry: dict[str, object] = {
         "time": time.time(),
         "server": url,
         "kind": kind,
@@ -121,6 +124,11 @@ def _log(
         "seconds": round(measured.seconds, 4) if measured else 0.0,
         "cold": measured.cold if measured else 0,
     }
+    if ranks:
+        entry["ranks"] = [
+            {"rank": v.rank, "stats": v.stats, "thresholds": v.limits, "fired": v.hard or v.fires}
+            for v in ranks
+        ]
     ledger.append(orjson.dumps(entry))
 
 
@@ -156,6 +164,7 @@ class CanaryMonitor:
         self._facts: dict[str, object] = {}
         self._reference = baseline.reference
         self._limits = baseline.thresholds
+        self._shares: dict[int, list[RankShare]] = {}
         self.checks = 0
         self.spent_s = 0.0
 
@@ -183,31 +192,40 @@ class CanaryMonitor:
             self.checks += 1
             self.spent_s += measured.seconds
             stats = compare(measured.scoring, self._reference)
+            ranks = rank_verdicts(measured.scoring, self._rank_shares(url), self.baseline)
             if measured.mismatch:
-                self._record(url, trigger, "mismatch", stats, measured.mismatch, measured)
+                self._record(url, trigger, "mismatch", stats, measured.mismatch, measured, ranks)
                 raise CanaryDriftError(
                     f"{url} failed the canary: {measured.mismatch}; the server is not "
                     "token-faithful; the run is saved: fix the server and run 'eagledata resume "
                     "RUN_DIR'"
                 )
-            hard = hard_stop(stats, self.baseline.rules)
-            fires = hard or fired(stats, self._limits)
+            hard = hard_stop(stats, self.baseline.rules) + [h for v in ranks for h in v.hard]
+            fires = hard or fired(stats, self._limits) + [f for v in ranks for f in v.fires]
             if not fires:
                 note = f"{measured.cold} references scored cold" if measured.cold else ""
-                self._record(url, trigger, "pass", stats, note, measured)
+                self._record(url, trigger, "pass", stats, note, measured, ranks)
                 self._last[url] = time.monotonic()
                 if self.facts_key is not None:
                     self._facts[url] = self.facts_key(url)
                 return
             if hard or attempt == 1:
-                self._record(url, trigger, "drift", stats, "; ".join(fires), measured)
+                self._record(url, trigger, "drift", stats, "; ".join(fires), measured, ranks)
                 raise CanaryDriftError(
                     f"{url} drifted from the canary baseline: {fires[0]}; nothing it produced "
                     "since its last passing canary was kept; the run is saved: fix the server "
                     "and run 'eagledata resume RUN_DIR'"
                 )
-            self._record(url, trigger, "fired", stats, "; ".join(fires) + " (rerun)", measured)
+            reason = "; ".join(fires) + " (rerun)"
+            self._record(url, trigger, "fired", stats, reason, measured, ranks)
             trigger = "rerun"
+
+    def _rank_shares(self, url: str) -> list[RankShare]:
+        """Each DP rank's share of the references and of the baseline (``canary_ranks``)."""
+        ranks = self.scorer.ranks(url)
+        if ranks not in self._shares:
+            self._shares[ranks] = rank_shares(self.baseline, ranks)
+        return self._shares[ranks]
 
     def _record(
         self,
@@ -217,6 +235,18 @@ class CanaryMonitor:
         stats: dict[str, float],
         reason: str,
         measured: Measured,
+        ranks: Sequence[RankVerdict] = (),
     ) -> None:
         if self.ledger is not None:
-            _log(self.ledger, url, "check", trigger, verdict, stats, self._limits, reason, measured)
+            _log(
+                self.ledger,
+                url,
+                "check",
+                trigger,
+                verdict,
+                stats,
+                self._limits,
+                reason,
+                measured,
+                ranks,
+            )

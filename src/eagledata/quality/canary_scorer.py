@@ -51,6 +51,10 @@ class CanaryScorer:
         self.client = client
         self.dp_ranks = dp_ranks
 
+    def ranks(self, url: str) -> int:
+        """The DP ranks the references go round on this server (1: none pinned)."""
+        return max(1, self.dp_ranks(url)) if self.dp_ranks is not None else 1
+
     async def _post(self, url: str, body: dict[str, Any], counter: Measured) -> dict[str, Any]:
         """One request, tried again on a transient failure (503, 5xx, a reset): a busy server
         is not a drifted one. Past ``RETRIES`` the server is unavailable for this check."""
@@ -102,7 +106,7 @@ class CanaryScorer:
         prefill on a real server, whatever its latency per request."""
         started = time.monotonic()
         measured = Measured(Scoring(np.zeros(0), np.zeros((0, 0)), np.zeros((0, 0))))
-        ranks = self.dp_ranks(url) if self.dp_ranks is not None else 1
+        ranks = self.ranks(url)
 
         def on_rank(body: dict[str, Any], index: int) -> dict[str, Any]:
             return body if ranks < 2 else {**body, "data_parallel_rank": index % ranks}
