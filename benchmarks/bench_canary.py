@@ -22,12 +22,14 @@ import statistics
 import subprocess
 import sys
 import time
+from typing import Any
 
 import httpx
 import numpy as np
 
 from eagledata.config import CanarySettings, resolve_bundled
 from eagledata.quality.canary import build_baseline
+from eagledata.quality.canary_ranks import rank_shares, rank_verdicts
 from eagledata.quality.canary_scorer import CanaryScorer
 from eagledata.quality.canary_stats import compare, fired
 from eagledata.server.client import SGLangClient
@@ -117,8 +119,26 @@ async def main(args: argparse.Namespace) -> None:
     fires_good = sum(bool(fired(compare(m.scoring, reference), limits)) for m in healthy)
     fires_bad = sum(bool(fired(compare(m.scoring, reference), limits)) for m in degraded)
     print(
-        f"fired: {fires_good}/{len(healthy)} healthy checks, {fires_bad}/{len(degraded)} degraded"
+        f"fired (pooled): {fires_good}/{len(healthy)} healthy checks, "
+        f"{fires_bad}/{len(degraded)} degraded"
     )
+    shares = rank_shares(baseline, args.dp)
+    if shares:  # the per-rank verdicts (quality/canary_ranks.py) as a check applies them
+
+        def rank_fires(measured: list[Any]) -> int:
+            verdicts = (rank_verdicts(m.scoring, shares, baseline) for m in measured)
+            return sum(any(v.fires or v.hard for v in checks) for checks in verdicts)
+
+        bad_rank = args.degrade_rank if args.degrade_rank is not None else 0
+        share = next(share for share in shares if share.rank == bad_rank)
+        ranked = [rank_verdicts(m.scoring, [share], baseline)[0].stats for m in degraded]
+        shift = float(np.median([stats["mean_shift"] for stats in ranked]))
+        print(
+            f"rank {bad_rank} on its own: mean_shift {shift:.4g} against "
+            f"{share.limits['mean_shift']:.4g} ({shift / share.limits['mean_shift']:.1f}x); "
+            f"per-rank verdicts fired in {rank_fires(healthy)}/{len(healthy)} healthy checks, "
+            f"{rank_fires(degraded)}/{len(degraded)} degraded"
+        )
 
 
 if __name__ == "__main__":
