@@ -24,6 +24,7 @@ from eagledata.quality.canary_baseline import Baseline
 from eagledata.quality.canary_scorer import CanaryScorer
 from eagledata.quality.canary_stats import Scoring, compare, fired
 from eagledata.run import pipeline
+from eagledata.run.canary_cli import record_baseline, score_against
 from eagledata.run.status import run_status
 from eagledata.server.client import SGLangClient
 from eagledata.simserver import SimServerThread
@@ -379,6 +380,25 @@ def test_one_dp_rank_of_four_degraded_fails_its_own_verdict(tokenizer_dir: str) 
     for check in checks[1:]:
         assert fired(check["stats"], check["thresholds"]) == []  # the pooled verdict is blind
         assert [r["rank"] for r in check["ranks"] if r["fired"]] == [3]
+
+
+def test_calibration_against_a_dp_server_reports_each_rank(
+    tokenizer_dir: str, tmp_path: Path
+) -> None:
+    """``eagledata canary --against`` on a DP server: every check carries each rank's own
+    statistics, and a fault on one rank is named."""
+    dp = {"tp_size": 4, "dp_size": 4, "enable_dp_attention": True}
+    canary = {"prompts": 8, "probes": 4, "reference_tokens": 256}
+    shared, scored = tmp_path / "baseline.json", tmp_path / "scored.json"
+    with SimServerThread(sim_config(tokenizer_dir, **NOISY, **dp, degrade_shift=0.006)) as sim:
+        config = canary_config(sim.url, tmp_path / "unused", canary=canary)
+        record_baseline(config, DATASET, shared)
+        sim.control(degraded_dp_ranks=[3])
+        line = score_against(config, shared, 2, scored)
+    assert line.startswith("2 of 2 checks")
+    checks = orjson.loads(scored.read_bytes())["checks"]
+    assert all([r["rank"] for r in check["ranks"]] == [0, 1, 2, 3] for check in checks)
+    assert all(check["fired"] and all("rank 3: " in f for f in check["fired"]) for check in checks)
 
 
 # --- bad input, the command, --no-canary ----------------------------------------------------------

@@ -14,6 +14,7 @@ from eagledata.config import AppConfig
 from eagledata.errors import ServerUnavailableError
 from eagledata.quality.canary import build_baseline
 from eagledata.quality.canary_baseline import Baseline
+from eagledata.quality.canary_ranks import rank_shares, rank_verdicts
 from eagledata.quality.canary_scorer import CanaryScorer
 from eagledata.quality.canary_stats import compare, fired
 from eagledata.run.canary_setup import canary_prompts
@@ -106,21 +107,26 @@ async def _score_against(
         )
         scorer = CanaryScorer(client, dp_ranks=lambda _: info.dp_ranks)
         reference, limits = baseline.reference, baseline.thresholds
+        shares = rank_shares(baseline, info.dp_ranks)
         results: list[dict[str, Any]] = []
         stats_seen: list[dict[str, float]] = []
         for _ in range(checks):
             measured = await scorer.score(url, baseline.canary_set)
             stats = compare(measured.scoring, reference)
             stats_seen.append(stats)
-            results.append(
-                {
-                    "stats": stats,
-                    "fired": fired(stats, limits),
-                    "mismatch": measured.mismatch,
-                    "cold": measured.cold,
-                    "seconds": measured.seconds,
-                }
-            )
+            ranks = rank_verdicts(measured.scoring, shares, baseline)
+            entry: dict[str, Any] = {
+                "stats": stats,
+                "fired": fired(stats, limits) + [f for v in ranks for f in v.hard or v.fires],
+                "mismatch": measured.mismatch,
+                "cold": measured.cold,
+                "seconds": measured.seconds,
+            }
+            if ranks:  # a DP server: each rank's share on its own (quality/canary_ranks.py)
+                entry["ranks"] = [
+                    {"rank": v.rank, "stats": v.stats, "thresholds": v.limits} for v in ranks
+                ]
+            results.append(entry)
     body: dict[str, Any] = {
         "server": url,
         "kv_guard": {"ok": verdict.ok, "problems": verdict.problems},
