@@ -89,7 +89,7 @@ def lane_entry(
     fixed: int | None,
 ) -> dict[str, Any]:
     """One lane's telemetry line (``fixed``: the ``--concurrency`` cap, None under auto, whose
-    target, ceiling and forecast it then shows)."""
+    target and ceiling it then shows; the writer adds the forecast)."""
     auto = fixed is None
     sample = lane.sample
     ceiling = lane.target.ceiling
@@ -110,7 +110,9 @@ def lane_entry(
         "target": fixed if fixed is not None else lane.sustainable_running(),
         "target_usage": round(lane.target.value, 3) if auto else None,
         "usage_ceiling": round(ceiling, 3) if auto and ceiling is not None else None,
-        "forecast_usage": forecast_usage(lane) if auto else None,
+        # Filled when the line is written (``forecast_usage``), not at every poll's sample: a
+        # forecast is 256 sampled futures, and the progress bar does not show it.
+        "forecast_usage": None,
         "queue_full": lane.rejections,
         "held_by": dict(lane.held_by),
         "spec_accept_length": None if sample is None else sample.spec_accept_length,
