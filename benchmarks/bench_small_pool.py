@@ -8,6 +8,7 @@ against its own simulated server. Every setting reports retractions per run, mea
 the wall time of the run (modelled time is 100x that).
 
     python benchmarks/bench_small_pool.py --runs 8 --settings auto 6 8 12
+    python benchmarks/bench_small_pool.py --runs 8 --settings auto --load max_usage=0.90
     python benchmarks/bench_small_pool.py --runs 1 --settings auto --keep /tmp/small
     python benchmarks/forecast_calibration.py /tmp/small/run-auto-0 --pool 2500 \
         --time-scale 0.01 --skip 60 --drain 60
@@ -52,7 +53,9 @@ def server_config(time_scale: float) -> SimConfig:
     )
 
 
-def app_config(url: str, out: Path, concurrency: str, time_scale: float) -> AppConfig:
+def app_config(
+    url: str, out: Path, concurrency: str, time_scale: float, load: dict[str, float]
+) -> AppConfig:
     # The tests' poll and reaction periods at 0.01; scaled with the time, so that a modelled
     # second holds the same number of polls at any --time-scale.
     scale = time_scale / 0.01
@@ -76,16 +79,22 @@ def app_config(url: str, out: Path, concurrency: str, time_scale: float) -> AppC
                 "telemetry_interval_s": 0.05 * scale,
                 "creep_every_s": 0.1 * scale,
                 "freeze_s": 0.3 * scale,
+                **load,
             },
         }
     )
 
 
-def one_run(concurrency: str, time_scale: float, work: Path) -> dict[str, Any]:
+def one_run(
+    concurrency: str, time_scale: float, work: Path, load: dict[str, float] | None = None
+) -> dict[str, Any]:
     out = work / f"run-{concurrency}-{len(list(work.iterdir()))}"
     with SimServerThread(server_config(time_scale)) as sim:
         summary = pipeline.generate(
-            app_config(sim.url, out, concurrency, time_scale), str(DATASET), out, progress=False
+            app_config(sim.url, out, concurrency, time_scale, load or {}),
+            str(DATASET),
+            out,
+            progress=False,
         )
         engine = sim.stats()["engine"][0]
     rows = [orjson.loads(line) for line in (out / "telemetry.jsonl").read_bytes().splitlines()]
@@ -104,7 +113,11 @@ def main() -> None:
     parser.add_argument("--settings", nargs="+", default=["auto", "6", "8", "12"])
     parser.add_argument("--time-scale", type=float, default=0.01)
     parser.add_argument("--keep", type=Path, help="run in this folder and keep the run dirs")
+    parser.add_argument(
+        "--load", action="append", default=[], metavar="KEY=VALUE", help="a [load] setting"
+    )
     args = parser.parse_args()
+    load = {key: float(value) for key, value in (item.split("=", 1) for item in args.load)}
     print("| setting | runs | retractions per run | mean KV usage | wall s per run |")
     print("|---|---|---|---|---|")
     if args.keep is not None:
@@ -116,7 +129,7 @@ def main() -> None:
     )
     with workdir as tmp:
         for setting in args.settings:
-            runs = [one_run(setting, args.time_scale, Path(tmp)) for _ in range(args.runs)]
+            runs = [one_run(setting, args.time_scale, Path(tmp), load) for _ in range(args.runs)]
             assert all(run["written"] == 200 for run in runs), runs
             retractions = [run["retractions"] for run in runs]
             print(
