@@ -5,7 +5,7 @@ of the tests (``tests/test_loadcontrol.py``: a 2,500-token pool, answers of 300 
 ``max_new_tokens`` 512, 100x time), run for longer than a test can: the 40 bundled ShareGPT
 prompts, five samples each (200 answers a run). Each run is one ``generate`` in this process
 against its own simulated server. Every setting reports retractions per run, mean KV usage and
-the wall time of the run (modelled time is 100x that).
+the wall time of the run (modelled time is that over ``--time-scale``, 100x at the default).
 
     python benchmarks/bench_small_pool.py --runs 8 --settings auto 6 8 12
     python benchmarks/bench_small_pool.py --runs 8 --settings auto --load max_usage=0.90
