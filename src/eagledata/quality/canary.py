@@ -126,7 +126,7 @@ def _log(
     }
     if ranks:
         entry["ranks"] = [
-            {"rank": v.rank, "stats": v.stats, "thresholds": v.limits, "fired": v.hard or v.fires}
+            {"rank": v.rank, "stats": v.stats, "thresholds": v.limits, "fired": v.fired}
             for v in ranks
         ]
     ledger.append(orjson.dumps(entry))

@@ -60,6 +60,11 @@ class RankVerdict:
     fires: list[str]
     hard: list[str]
 
+    @property
+    def fired(self) -> list[str]:
+        """What fails the check on this rank: its hard stops, else what crossed a threshold."""
+        return self.hard or self.fires
+
 
 def rank_shares(baseline: Baseline, ranks: int) -> list[RankShare]:
     """The references and probes each rank scores, with the baseline restricted to them.

@@ -117,7 +117,7 @@ async def _score_against(
             ranks = rank_verdicts(measured.scoring, shares, baseline)
             entry: dict[str, Any] = {
                 "stats": stats,
-                "fired": fired(stats, limits) + [f for v in ranks for f in v.hard or v.fires],
+                "fired": fired(stats, limits) + [f for v in ranks for f in v.fired],
                 "mismatch": measured.mismatch,
                 "cold": measured.cold,
                 "seconds": measured.seconds,
