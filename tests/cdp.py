@@ -204,7 +204,8 @@ async def chromium(executable: str) -> AsyncIterator[Browser]:
             if process.returncode is None:
                 process.terminate()
                 try:
-                    await asyncio.wait_for(process.wait(), 10)
+                    async with asyncio.timeout(10):
+                        await process.wait()
                 except TimeoutError:
                     process.kill()
                     await process.wait()

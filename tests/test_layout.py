@@ -18,6 +18,7 @@ PACKAGE = Path(eagledata.__file__).parent
 LAYER = {
     "__init__": 0,
     "errors": 0,
+    "tasks": 0,
     "config": 0,
     "server": 1,
     "capacity": 1,
@@ -67,7 +68,7 @@ def test_every_module_sits_in_a_known_concern() -> None:
 
 def test_the_top_level_holds_only_the_shell_the_settings_and_the_errors() -> None:
     top = {p.stem for p in PACKAGE.glob("*.py")}
-    assert top == {"__init__", "config", "errors"}
+    assert top == {"__init__", "config", "errors", "tasks"}
     assert (PACKAGE / "cli" / "__init__.py").is_file()  # the shell: a package of its commands
 
 

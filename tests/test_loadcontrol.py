@@ -319,7 +319,8 @@ def test_no_signal_at_all_falls_back_once_and_the_run_completes(
                 )
                 control.add_server(ServerPlan(sim.url, None, None))
                 task = asyncio.create_task(control.run())
-                ticket = await asyncio.wait_for(control.acquire(100), 5)
+                async with asyncio.timeout(5):
+                    ticket = await control.acquire(100)
                 control.release(ticket, completion_tokens=50)
                 await asyncio.sleep(0.1)
                 task.cancel()
@@ -484,8 +485,10 @@ def test_an_answer_that_ends_opens_the_gate_before_the_next_poll(tokenizer_dir: 
                 task = asyncio.create_task(control.run())
                 await asyncio.sleep(0.1)  # the first sample: the pool is 2,500 tokens
                 # A short request stays in flight throughout (an empty lane admits anything).
-                await asyncio.wait_for(control.acquire(100), 2)
-                first = await asyncio.wait_for(control.acquire(1200), 2)
+                async with asyncio.timeout(2):
+                    await control.acquire(100)
+                async with asyncio.timeout(2):
+                    first = await control.acquire(1200)
                 # Two of 1,200 + 256 do not fit within 0.85 of the pool: this one waits.
                 second = asyncio.create_task(control.acquire(1200))
                 body = {
@@ -497,7 +500,8 @@ def test_an_answer_that_ends_opens_the_gate_before_the_next_poll(tokenizer_dir: 
                 assert not second.done()
                 control.release(first, completion_tokens=answer["meta_info"]["completion_tokens"])
                 ended = asyncio.get_running_loop().time()
-                await asyncio.wait_for(second, poll)
+                async with asyncio.timeout(poll):
+                    await second
                 waited = asyncio.get_running_loop().time() - ended
                 task.cancel()
                 return waited

@@ -24,12 +24,13 @@ from eagledata.run.tokenization import LengthLimit, PromptTokenizer
 from eagledata.server.client import SGLangClient
 from eagledata.server.guard import KVGuard
 from eagledata.server.serverfacts import ServerFacts, evaluate_kv_guard
+from eagledata.tasks import run_until_done
 
 
 def record_baseline(config: AppConfig, dataset_arg: str, out: Path) -> str:
     dataset = resolve_dataset(dataset_arg, config.datasets)
     with simulated_server(config) as live:
-        return asyncio.run(_record(live, dataset_arg, dataset, out))
+        return run_until_done(_record(live, dataset_arg, dataset, out))
 
 
 async def _record(config: AppConfig, dataset_arg: str, dataset: ResolvedDataset, out: Path) -> str:
@@ -76,7 +77,7 @@ def score_against(config: AppConfig, baseline_path: Path, checks: int, out: Path
     baseline = Baseline.load(baseline_path)
     with simulated_server(config) as live:
         url = live.server.urls[0]
-        body, stats = asyncio.run(_score_against(live, baseline, checks))
+        body, stats = run_until_done(_score_against(live, baseline, checks))
     body["baseline"] = str(baseline_path)
     out.write_bytes(orjson.dumps(body, option=orjson.OPT_INDENT_2))
     limits = baseline.thresholds

@@ -163,8 +163,11 @@ class LoadController:
         nearly empty: 0.1 requests on average in the 1,500-prompt benchmark job, so nothing
         else fills it). Never more often than four times a poll."""
         poll = self.load.poll_interval_s
+        # asyncio.timeout, never wait_for: 3.11's wait_for returns the wake-up and swallows the
+        # run's cancel when an answer ends as the run ends, and this loop then never stopped.
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._answer_ended.wait(), poll)
+            async with asyncio.timeout(poll):
+                await self._answer_ended.wait()
         self._answer_ended.clear()
         await asyncio.sleep(max(0.0, polled_at + poll / 4 - time.monotonic()))
 

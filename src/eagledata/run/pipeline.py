@@ -6,7 +6,6 @@ runs one session (``run/session.py``: the steps wired together) in ``_execute``.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +18,7 @@ from eagledata.run.dataset import ResolvedDataset, check_local_source, resolve_d
 from eagledata.run.manifest import RunDir
 from eagledata.run.progress import Summary
 from eagledata.run.session import Run
+from eagledata.tasks import run_until_done
 
 
 def default_out_dir(dataset: ResolvedDataset) -> Path:
@@ -58,7 +58,7 @@ def _execute(
                 run_dir.requeue_failures()  # under the lock: no other process writes failures
         with simulated_server(config) as live_config:
             run.config = live_config
-            return asyncio.run(run.execute())
+            return run_until_done(run.execute())
     except EagledataError as error:
         raise error.naming_run_dir(out_dir) from None
     finally:

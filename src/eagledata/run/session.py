@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -27,7 +28,7 @@ from eagledata.run.manifest import RunDir, RunTotals, scan_totals
 from eagledata.run.progress import Progress, Summary
 from eagledata.run.records import make_record
 from eagledata.run.scheduler import RetryPolicy, Scheduler
-from eagledata.run.signals import first_fatal, stop_on_signals
+from eagledata.run.signals import first_fatal, stop_on_signals, write_task_dump
 from eagledata.run.status import canary_line, canary_summary
 from eagledata.run.telemetry import TelemetryLog
 from eagledata.run.tokenization import PromptTokenizer
@@ -35,8 +36,12 @@ from eagledata.run.workplan import Outcome, WorkItem, WorkPlan
 from eagledata.run.writer import FailureLog, Journal, ShardWriter
 from eagledata.server.client import SGLangClient
 from eagledata.server.guard import KVGuard
+from eagledata.tasks import TaskScope
 
 PLAN_BATCH = 64
+TASK_SHUTDOWN_S = 10.0
+"""How long the checks and the controller get to end once the work is done: a task still
+running then is reported (one line, a dump file in the run directory) and abandoned."""
 
 
 @dataclass(slots=True)
@@ -263,14 +268,14 @@ class Run:
                 with stop_on_signals(scheduler, progress, self._on_stop):
                     while True:
                         try:
-                            async with asyncio.TaskGroup() as group:
-                                guard_task = group.create_task(guard.run())
-                                load_task = group.create_task(load.run())
-                                try:
-                                    await scheduler.run(source, sender.send)
-                                finally:
-                                    guard_task.cancel()
-                                    load_task.cancel()
+                            # The checks and the controller run until the work is done; then
+                            # they are cancelled and awaited within a bound (run/tasks.py).
+                            async with TaskScope(
+                                shutdown_s=TASK_SHUTDOWN_S, on_stuck=self._report_stuck
+                            ) as scope:
+                                scope.create_task(guard.run(), name="checks")
+                                scope.create_task(load.run(), name="load-controller")
+                                await scheduler.run(source, sender.send)
                         except BaseExceptionGroup as group_error:
                             raise first_fatal(group_error) from None
                         flush_started = time.monotonic()
@@ -310,6 +315,16 @@ class Run:
                 url: facts.model_dump(mode="json") for url, facts in guard.facts.items()
             },
         }
+
+    def _report_stuck(self, tasks: list[asyncio.Task[Any]]) -> None:
+        names = ", ".join(task.get_name() for task in tasks)
+        dump = write_task_dump(self.run_dir.path, "stuck")
+        where = f"; every task's stack is in {dump}" if dump is not None else ""
+        print(
+            f"warning: {names} did not end within {TASK_SHUTDOWN_S:g} s of the run's end "
+            f"and {'was' if len(tasks) == 1 else 'were'} abandoned{where}",
+            file=sys.stderr,
+        )
 
     def _on_stop(self) -> None:
         """The first SIGINT/SIGTERM: the session ends once in-flight requests finish."""

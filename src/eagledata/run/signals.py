@@ -6,12 +6,27 @@ import asyncio
 import contextlib
 import signal
 import sys
+import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 from eagledata.errors import EagledataError
 from eagledata.run.progress import Progress
 from eagledata.run.scheduler import Scheduler
+from eagledata.tasks import task_stacks
+
+
+def write_task_dump(run_dir: Path, why: str) -> Path | None:
+    """Every task's stack into ``RUN_DIR/task-dump-<why>-<time>.txt``; None if it cannot be
+    written (the dump is evidence, never a reason to fail the run)."""
+    stamp = time.strftime("%Y%m%dT%H%M%S")
+    path = run_dir / f"task-dump-{why}-{stamp}.txt"
+    try:
+        path.write_text(task_stacks())
+    except OSError:
+        return None
+    return path
 
 
 def first_fatal(group: BaseExceptionGroup[Any]) -> BaseException:
@@ -60,8 +75,7 @@ def stop_on_signals(
 
     def dump_tasks() -> None:
         # kill -USR1 <pid>: where is every task waiting? (a multi-day run must be debuggable)
-        for task in asyncio.all_tasks(loop):
-            task.print_stack(limit=12, file=sys.stderr)
+        sys.stderr.write(task_stacks(asyncio.all_tasks(loop)))
 
     with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
         loop.add_signal_handler(signal.SIGUSR1, dump_tasks)
