@@ -33,7 +33,8 @@ from eagledata.quality.canary_ranks import rank_shares, rank_verdicts
 from eagledata.quality.canary_scorer import CanaryScorer
 from eagledata.quality.canary_stats import compare, fired
 from eagledata.server.client import SGLangClient
-from eagledata.simserver.config import SimConfig, resolve_model
+from eagledata.simserver.config import SimConfig
+from eagledata.simserver.model import resolve_model
 
 
 def start_server(options: dict[str, object]) -> tuple[subprocess.Popen[str], str]:

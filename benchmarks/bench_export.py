@@ -61,8 +61,8 @@ def build_run(path: Path, records: int, seed: int = 0) -> None:
         GenerationSettings,
         TokenizerSettings,
     )
-    from eagledata.run.manifest import RunDir
     from eagledata.run.writer import ShardWriter
+    from eagledata.rundir.manifest import RunDir
 
     rng = random.Random(seed)
     run = RunDir(path)

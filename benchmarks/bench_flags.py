@@ -5,7 +5,7 @@ cost of flagging one record on the hot path.
 
 The answers are the docstrings of a fixed list of standard-library modules (ordinary prose and
 code, canonically encoded with the bundled tokenizer) and one defective variant of each per flag
-(``eagledata.quality.flag_eval``). The simulated-server figures are in ``tests/test_flags.py``.
+(``flag_eval``). The simulated-server figures are in ``tests/test_flags.py``.
 """
 
 from __future__ import annotations
@@ -17,10 +17,11 @@ import time
 
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
+from flag_eval import hand_made_answers, render_scores, score
+
 from eagledata.config import TokenizerSettings
-from eagledata.quality.flag_eval import hand_made_answers, render_scores, score
 from eagledata.quality.flags import FlagDetector
-from eagledata.run.tokenization import PromptTokenizer
+from eagledata.source.tokenization import PromptTokenizer
 
 
 def main() -> None:

@@ -49,7 +49,7 @@ MEASURE = {
     "n = scan_records(RUN).records",
     "full parse": "import orjson\nfrom eagledata.report.records_scan import committed_lines\n"
     "n = sum(1 for line in committed_lines(RUN) if orjson.loads(line))",
-    "status": "from eagledata.run.status import run_status\nn = run_status(RUN).written",
+    "status": "from eagledata.rundir.status import run_status\nn = run_status(RUN).written",
     "report": "from eagledata.report import build_report\n"
     "build_report(RUN)\nn = len(RUN.joinpath('report.html').read_bytes())",
 }
@@ -252,10 +252,10 @@ def build_run(path: Path, records: int, seed: int = 0) -> None:
 
 
 def index_shards(path: Path) -> int:
-    """Write the shard index sidecars a real run's writer leaves (run/shardindex.py), where
+    """Write the shard index sidecars a real run's writer leaves (rundir/shardindex.py), where
     this eagledata has them and they are missing. Returns how many were written."""
     try:
-        from eagledata.run.shardindex import build_index, index_path, write_index
+        from eagledata.rundir.shardindex import build_index, index_path, write_index
     except ImportError:
         return 0
     written = 0

@@ -182,8 +182,8 @@ def synthetic_run(work: Path, records: int) -> Path:
         GenerationSettings,
         TokenizerSettings,
     )
-    from eagledata.run.manifest import RunDir
     from eagledata.run.writer import ShardWriter
+    from eagledata.rundir.manifest import RunDir
 
     name = f"synth-{records // 1000}k"
     run, dataset = work / name, work / f"{name}.jsonl"
@@ -290,7 +290,7 @@ def measure_run(
 
 
 def _records(run: Path) -> int:
-    from eagledata.run.manifest import scan_totals
+    from eagledata.rundir.manifest import scan_totals
 
     return scan_totals(run).written
 

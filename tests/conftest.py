@@ -38,7 +38,7 @@ def tokenizer_dir() -> str:
 @pytest.fixture(scope="session")
 def prompt_tokenizer() -> Any:
     from eagledata.config import TokenizerSettings
-    from eagledata.run.tokenization import PromptTokenizer
+    from eagledata.source.tokenization import PromptTokenizer
 
     return PromptTokenizer(TokenizerSettings(name=TOKENIZER))
 

@@ -10,9 +10,9 @@ import orjson
 
 from conftest import TOKENIZER
 from eagledata.config import DatasetSettings, FrozenSettings, GenerationSettings, TokenizerSettings
-from eagledata.run.manifest import RunDir
-from eagledata.run.records import failure_entry, record_id
 from eagledata.run.writer import FailureLog, ShardWriter
+from eagledata.rundir.manifest import RunDir
+from eagledata.rundir.records import failure_entry, record_id
 
 
 def frozen(dataset: str = "hand", tokenizer: TokenizerSettings | None = None) -> FrozenSettings:

@@ -18,7 +18,7 @@ from conftest import SAMPLES, TOKENIZER, make_config, read_failures, read_record
 from eagledata.config import load_config
 from eagledata.errors import ConfigError, DatasetError
 from eagledata.run import pipeline
-from eagledata.run.verify import verify_run
+from eagledata.rundir.verify import verify_run
 from eagledata.simserver import SimServerThread
 
 # bad_rows.jsonl (see its README): source line -> (failure row id, reason, message fragment)

@@ -21,11 +21,11 @@ from eagledata.config import AppConfig, CanarySettings
 from eagledata.errors import CanaryDriftError, ConfigError, ServerError
 from eagledata.quality.canary import CanaryMonitor, build_baseline
 from eagledata.quality.canary_baseline import Baseline
+from eagledata.quality.canary_cli import record_baseline, score_against
 from eagledata.quality.canary_scorer import CanaryScorer
 from eagledata.quality.canary_stats import Scoring, compare, fired
 from eagledata.run import pipeline
-from eagledata.run.canary_cli import record_baseline, score_against
-from eagledata.run.status import run_status
+from eagledata.rundir.status import run_status
 from eagledata.server.client import SGLangClient
 from eagledata.simserver import SimServerThread
 

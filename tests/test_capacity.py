@@ -24,7 +24,7 @@ from eagledata.capacity import (
     render_plan_table,
 )
 from eagledata.errors import ConfigError
-from eagledata.server.profiles import ThroughputSection, load_profiles
+from eagledata.profiles.profile import ThroughputSection, load_profiles
 
 PROFILES_DIR = Path(__file__).resolve().parents[1] / "configs" / "profiles"
 HW = RTX_PRO_6000_X8_KIMI_K25

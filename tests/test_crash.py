@@ -30,9 +30,9 @@ from conftest import (
     sim_config,
 )
 from eagledata.run import pipeline
-from eagledata.run.manifest import RunDir, sealed_shards
-from eagledata.run.shardindex import build_index, load_index
-from eagledata.run.verify import verify_run
+from eagledata.rundir.manifest import RunDir, sealed_shards
+from eagledata.rundir.shardindex import build_index, load_index
+from eagledata.rundir.verify import verify_run
 from eagledata.simserver import SimServerThread, expected_output
 
 DATASET = str(SAMPLES / "sharegpt.jsonl")  # 40 rows

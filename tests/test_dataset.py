@@ -10,7 +10,7 @@ import pytest
 from conftest import SAMPLES
 from eagledata.config import DatasetSettings
 from eagledata.errors import DatasetError
-from eagledata.run.dataset import count_rows, iter_rows, resolve_dataset
+from eagledata.source.dataset import count_rows, iter_rows, resolve_dataset
 
 
 def test_each_local_format_gives_the_same_prompts() -> None:

@@ -18,7 +18,7 @@ from eagledata.errors import ExportError, RunDirError
 from eagledata.export import ExportOptions, export_runs
 from eagledata.export.vocab import draft_vocab_mapping
 from eagledata.run import pipeline
-from eagledata.run.status import run_status
+from eagledata.rundir.status import run_status
 from eagledata.simserver import SimServerThread
 from exportkit import make_run, read_jsonl, record
 

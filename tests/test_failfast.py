@@ -15,8 +15,8 @@ from conftest import SAMPLES, TOKENIZER, sim_config
 from eagledata.config import load_config
 from eagledata.errors import DatasetError, ServerRefusedError
 from eagledata.run import pipeline
-from eagledata.run.tokenization import PromptTokenizer
 from eagledata.simserver import SimServerThread
+from eagledata.source.tokenization import PromptTokenizer
 
 DATASET = str(SAMPLES / "sharegpt.jsonl")
 

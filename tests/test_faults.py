@@ -24,7 +24,7 @@ from eagledata.errors import ServerError, ServerUnavailableError
 from eagledata.run import pipeline
 from eagledata.run.progress import Summary
 from eagledata.run.scheduler import RetryPolicy
-from eagledata.run.verify import verify_run
+from eagledata.rundir.verify import verify_run
 from eagledata.simserver import SimConfig, SimServerThread, expected_output, runner
 
 DATASET = str(SAMPLES / "prompts.jsonl")  # 30 rows without ids: row ids are line indices

@@ -7,12 +7,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from flag_eval import hand_made_answers, score
 
 from conftest import SAMPLES, make_config, read_records, sim_config
-from eagledata.quality.flag_eval import hand_made_answers, score
 from eagledata.quality.flags import FlagDetector, LoopRule, loop_period
 from eagledata.run import pipeline
-from eagledata.run.status import run_status
+from eagledata.rundir.status import run_status
 from eagledata.simserver import SimServerThread
 
 STOP = 2  # <|im_end|> in the bundled tokenizer

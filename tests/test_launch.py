@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 from eagledata.errors import ConfigError, LaunchError
+from eagledata.profiles.profile import Profile, list_profiles, load_profile, parse_profile
 from eagledata.server.launch import (
     build_launch_command,
     check_server_args,
@@ -25,7 +26,6 @@ from eagledata.server.launch import (
     model_from_argv,
     wait_for_health,
 )
-from eagledata.server.profiles import Profile, list_profiles, load_profile, parse_profile
 
 REPO = Path(__file__).resolve().parents[1]
 PROFILES_DIR = REPO / "configs" / "profiles"

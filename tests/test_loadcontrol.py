@@ -11,20 +11,15 @@ import orjson
 import pytest
 
 from conftest import SAMPLES, make_config, read_failures, read_records, sim_config
-from eagledata.capacity.controller import (
-    ControllerSettings,
-    Lane,
-    LaneSample,
-    Ticket,
-    fallback_concurrency,
-)
+from eagledata.capacity.controller import Lane, LaneSample, Ticket, fallback_concurrency
+from eagledata.capacity.controller_settings import ControllerSettings
 from eagledata.capacity.lengths import LengthModel, kaplan_meier
 from eagledata.config import LoadSettings
 from eagledata.run import pipeline, session
 from eagledata.run.loadcontrol import LoadController, ServerPlan
-from eagledata.run.status import latest_load
-from eagledata.run.telemetry import ROTATED_FILE, TelemetryLog, read_telemetry
-from eagledata.run.verify import verify_run
+from eagledata.rundir.status import latest_load
+from eagledata.rundir.telemetry import ROTATED_FILE, TelemetryLog, read_telemetry
+from eagledata.rundir.verify import verify_run
 from eagledata.server.client import SGLangClient
 from eagledata.simserver import SimServerThread, expected_output
 

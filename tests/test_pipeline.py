@@ -12,10 +12,10 @@ from conftest import SAMPLES, make_config, read_failures, read_records
 from eagledata.config import DatasetSettings
 from eagledata.errors import RunDirError, ServerUnavailableError
 from eagledata.run import pipeline
-from eagledata.run.prompts import to_messages
-from eagledata.run.verify import verify_run
+from eagledata.rundir.verify import verify_run
 from eagledata.simserver import SimServerThread
 from eagledata.simserver.engine import expected_output
+from eagledata.source.prompts import to_messages
 
 
 def source_rows(path: Path) -> dict[str, dict[str, Any]]:

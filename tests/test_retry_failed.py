@@ -8,7 +8,7 @@ import orjson
 
 from conftest import make_config, read_failures, read_records
 from eagledata.run import pipeline
-from eagledata.run.verify import verify_run
+from eagledata.rundir.verify import verify_run
 from eagledata.simserver import SimServerThread
 
 

@@ -34,7 +34,7 @@ import pytest
 from conftest import SAMPLES, make_config, read_failures, read_records, sim_config
 from eagledata.errors import ServerRefusedError
 from eagledata.run import pipeline
-from eagledata.run.verify import verify_run
+from eagledata.rundir.verify import verify_run
 from eagledata.simserver import SimServerThread, expected_output
 
 pytest.importorskip(

@@ -13,8 +13,8 @@ from types import ModuleType
 import pytest
 
 from eagledata.errors import LaunchError
+from eagledata.profiles.profile import BF16_KV_DTYPES, load_profiles
 from eagledata.server.launch import check_server_args
-from eagledata.server.profiles import BF16_KV_DTYPES, load_profiles
 from eagledata.server.sglang_flags import (
     DCP_SGLANG_VERSION,
     PINNED_SGLANG_VERSION,
@@ -82,7 +82,7 @@ def test_argparse_prefix_rules() -> None:
 
 @pytest.mark.parametrize("profile", load_profiles(profiles_dir=PROFILES_DIR), ids=lambda p: p.name)
 def test_every_profile_flag_exists_in_its_release(profile: object) -> None:
-    from eagledata.server.profiles import Profile
+    from eagledata.profiles.profile import Profile
 
     assert isinstance(profile, Profile)
     assert profile.sglang_version in shipped_versions(), "ship the contract of this release"

@@ -20,9 +20,9 @@ import pytest
 
 from conftest import SAMPLES, make_config, read_failures, read_records
 from eagledata.run import pipeline
-from eagledata.run.idset import CompactIdSet
-from eagledata.run.manifest import scan_totals, sealed_shards
-from eagledata.run.shardindex import (
+from eagledata.rundir.idset import CompactIdSet
+from eagledata.rundir.manifest import scan_totals, sealed_shards
+from eagledata.rundir.shardindex import (
     FORGED,
     MISSING,
     STALE,
@@ -33,8 +33,8 @@ from eagledata.run.shardindex import (
     index_path,
     load_index,
 )
-from eagledata.run.status import run_status
-from eagledata.run.verify import verify_run
+from eagledata.rundir.status import run_status
+from eagledata.rundir.verify import verify_run
 from eagledata.simserver import SimServerThread
 
 DATASET = str(SAMPLES / "sharegpt.jsonl")  # 40 rows
@@ -307,8 +307,8 @@ def test_the_compact_id_set_is_a_set() -> None:
 def test_resuming_a_finished_run_reads_no_record_no_row_and_no_tokenizer(
     finished: Path, tmp_path: Path, sim: SimServerThread, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from eagledata.run import workplan
-    from eagledata.run.tokenization import PromptTokenizer
+    from eagledata.source import workplan
+    from eagledata.source.tokenization import PromptTokenizer
 
     run = copy_run(finished, tmp_path / "run")
 
@@ -317,7 +317,7 @@ def test_resuming_a_finished_run_reads_no_record_no_row_and_no_tokenizer(
 
     monkeypatch.setattr(PromptTokenizer, "__init__", forbidden)
     monkeypatch.setattr(workplan, "iter_rows", forbidden)
-    monkeypatch.setattr("eagledata.run.shardindex.build_index", forbidden)  # indexes only
+    monkeypatch.setattr("eagledata.rundir.shardindex.build_index", forbidden)  # indexes only
     summary = pipeline.resume(run, server_urls=[sim.url], progress=False)
     assert (summary.planned, summary.written, summary.left) == (80, 80, 0)
     assert summary.session_records == 0

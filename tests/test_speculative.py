@@ -19,11 +19,11 @@ from eagledata.capacity import REFERENCE_WORKLOAD, plan_profiles
 from eagledata.capacity.speculative import SPEEDUP_BATCHES, SpecModel
 from eagledata.cli import app
 from eagledata.errors import CanaryDriftError, ConfigError, LaunchError
+from eagledata.profiles.profile import ThroughputSection, load_profiles, parse_profile
 from eagledata.run import pipeline
-from eagledata.run.status import run_status
+from eagledata.rundir.status import run_status
 from eagledata.server.launch import build_launch_command
 from eagledata.server.loads import parse_metrics, parse_v1_loads
-from eagledata.server.profiles import ThroughputSection, load_profiles, parse_profile
 from eagledata.server.serverfacts import ServerFacts, evaluate_kv_guard
 from eagledata.server.sglang_flags import DCP_SGLANG_VERSION, contract_path, load_contract
 from eagledata.simserver import SimServerThread

@@ -1,9 +1,9 @@
 """Issue 3, item 8: a full disk or an unwritable output directory (invariants 3 and 5).
 
-The disk fills up at the writer boundary: ``os.write`` as seen by ``eagledata.run.writer`` writes
-part of a line and fails with ENOSPC (what a nearly full disk does), after some records. The run
-stops with one clear line, every committed record is intact, no torn line is left, and ``resume``
-finishes the run exactly once when there is space again.
+The disk fills up at the journal boundary: ``os.write`` as seen by ``eagledata.rundir.journal``
+writes part of a line and fails with ENOSPC (what a nearly full disk does), after some records.
+The run stops with one clear line, every committed record is intact, no torn line is left, and
+``resume`` finishes the run exactly once when there is space again.
 """
 
 from __future__ import annotations
@@ -20,8 +20,9 @@ from typer.testing import CliRunner
 from conftest import SAMPLES, make_config, read_failures, read_records
 from eagledata.cli import app
 from eagledata.errors import StorageError
-from eagledata.run import pipeline, writer
-from eagledata.run.verify import verify_run
+from eagledata.run import pipeline
+from eagledata.rundir import journal
+from eagledata.rundir.verify import verify_run
 from eagledata.simserver import SimServerThread, expected_output
 
 DATASET = str(SAMPLES / "bad_rows.jsonl")  # good rows and failure entries both
@@ -30,9 +31,9 @@ GENERATION = {"samples_per_prompt": 3, "temperature": 0.7, "max_prompt_tokens": 
 
 
 class FillingDisk:
-    """Stands in for ``os`` inside ``eagledata.run.writer``: writes to files whose path contains
-    ``target`` go through until ``room`` of them have; the next one writes half its bytes, then
-    fails with ``error``, and so does every one after it."""
+    """Stands in for ``os`` inside ``eagledata.rundir.journal`` (every appended line): writes to
+    files whose path contains ``target`` go through until ``room`` of them have; the next one
+    writes half its bytes, then fails with ``error``, and so does every one after it."""
 
     def __init__(self, target: str, room: int, error: int = errno.ENOSPC) -> None:
         self.target, self.room, self.error = target, room, error
@@ -51,7 +52,7 @@ class FillingDisk:
         fake = types.ModuleType("os")
         fake.__dict__.update(os.__dict__)
         fake.write = self.write  # type: ignore[attr-defined]
-        monkeypatch.setattr(writer, "os", fake)
+        monkeypatch.setattr(journal, "os", fake)
 
 
 def no_torn_lines(out: Path) -> None:

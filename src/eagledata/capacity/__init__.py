@@ -27,13 +27,6 @@ Kimi-K2.5 (MLA 512 + 64, 61 layers: 70,272 B per token in bf16) on 8x RTX PRO 60
 
 from __future__ import annotations
 
-from eagledata.capacity.kv import (
-    KIMI_K25,
-    KIMI_K25_BF16_BYTES_PER_TOKEN,
-    KV_DTYPE_BYTES,
-    KVModel,
-    kv_dtype_bytes,
-)
 from eagledata.capacity.memory import (
     GIB,
     RTX_PRO_6000_X8_KIMI_K25,
@@ -53,6 +46,13 @@ from eagledata.capacity.planner import (
 )
 from eagledata.capacity.stepfit import decode_tok_s
 from eagledata.capacity.workload import REFERENCE_WORKLOAD, Workload
+from eagledata.profiles.kv import (
+    KIMI_K25,
+    KIMI_K25_BF16_BYTES_PER_TOKEN,
+    KV_DTYPE_BYTES,
+    KVModel,
+    kv_dtype_bytes,
+)
 
 __all__ = [
     "CLIENT_QUEUE_HEADROOM",

@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass
 
 from eagledata.errors import ConfigError
-from eagledata.server.profiles import HardwareSection, Profile
+from eagledata.profiles.profile import HardwareSection, Profile
 
 GIB = 1 << 30
 

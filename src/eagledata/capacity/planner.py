@@ -8,12 +8,12 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from eagledata.capacity.kv import KVModel
 from eagledata.capacity.memory import Deployment, kv_gib_per_rank, kv_tokens_per_rank
 from eagledata.capacity.speculative import AcceptOverride, SpecPlan, plan_speculative, spec_model
 from eagledata.capacity.stepfit import decode_tok_s
 from eagledata.capacity.workload import Workload
-from eagledata.server.profiles import BF16_KV_DTYPES, HardwareSection, Profile, ThroughputSection
+from eagledata.profiles.kv import KVModel
+from eagledata.profiles.profile import BF16_KV_DTYPES, HardwareSection, Profile, ThroughputSection
 
 CONCURRENT_REQUEST_TOKENS = 4096
 """The "concurrent 4k requests" column: every running request holding 4,096 tokens."""

@@ -38,7 +38,7 @@ from pydantic import BaseModel, ConfigDict
 
 from eagledata.capacity.memory import GIB
 from eagledata.capacity.stepfit import decode_tok_s
-from eagledata.server.profiles import Profile, ThroughputSection
+from eagledata.profiles.profile import Profile, ThroughputSection
 
 SPEEDUP_BATCHES = (8, 16, 32, 64, 128, 150)
 """Running-request counts at which the plan shows the speedup, to make the trade-off visible."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from eagledata.server.profiles import ThroughputSection
+from eagledata.profiles.profile import ThroughputSection
 
 
 def decode_tok_s(running: float, throughput: ThroughputSection) -> float:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from eagledata.capacity.controller import ControllerSettings
+    from eagledata.capacity.controller_settings import ControllerSettings
 
 
 @dataclass(eq=False)

@@ -107,7 +107,7 @@ def canary(
     """Record a canary baseline from a server you trust (for --canary-baseline), or score a
     server against one (--against; docs/quality.md, calibration)."""
     from eagledata.errors import ConfigError
-    from eagledata.run.canary_cli import record_baseline, score_against
+    from eagledata.quality.canary_cli import record_baseline, score_against
 
     overrides: dict[str, Any] = {"server.urls": server or None, "tokenizer.name": tokenizer}
     if server:

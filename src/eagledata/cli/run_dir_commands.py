@@ -17,7 +17,7 @@ def status(
     ] = False,
 ) -> None:
     """Planned, written, failed, skipped and left; tokens; rate; ETA; flags and canary."""
-    from eagledata.run.status import run_status
+    from eagledata.rundir.status import run_status
 
     report = guarded(lambda: run_status(run_dir))
     if as_json:
@@ -35,7 +35,7 @@ def verify(
     ] = False,
 ) -> None:
     """Check unique ids, token counts, and that counts reconcile with the plan."""
-    from eagledata.run.verify import verify_run
+    from eagledata.rundir.verify import verify_run
 
     report = guarded(lambda: verify_run(run_dir, full=full))
     for note in report.notes:

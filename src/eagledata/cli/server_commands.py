@@ -71,13 +71,13 @@ def launch_server(
     deadline: Annotated[float, typer.Option(help="Seconds to wait for /health")] = 1800.0,
 ) -> None:
     """Start SGLang from a profile (bf16 KV enforced); extra args after -- pass through."""
+    from eagledata.profiles.profile import DEFAULT_PROFILE, load_profile
     from eagledata.server.launch import (
         build_launch_command,
         default_script,
         format_command,
         launch_and_wait,
     )
-    from eagledata.server.profiles import DEFAULT_PROFILE, load_profile
     from eagledata.server.serverfacts import format_facts
 
     extra = list(ctx.args)
@@ -136,11 +136,11 @@ def plan(
     import httpx
 
     from eagledata.capacity import REFERENCE_WORKLOAD, render_plan_table
-    from eagledata.run.dataset import resolve_dataset
-    from eagledata.run.planning import build_plan, measure_workload
+    from eagledata.capacity.planning import build_plan, measure_workload
+    from eagledata.profiles.profile import load_profiles
     from eagledata.server.launch import fetch_server_info
-    from eagledata.server.profiles import load_profiles
     from eagledata.server.serverfacts import ServerFacts
+    from eagledata.source.dataset import resolve_dataset
 
     def build() -> str:
         if dataset is not None:

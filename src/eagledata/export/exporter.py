@@ -34,7 +34,7 @@ from eagledata.export.vocab import (
     token_counts_json,
     write_vocab_mapping,
 )
-from eagledata.run.reader import RunRecords
+from eagledata.rundir.reader import RunRecords
 
 FORMATS = ("ids", "hf", "conversations", "text")
 RowBuilder = Callable[[dict[str, Any], RowIdentity], "dict[str, Any] | str"]
@@ -77,7 +77,7 @@ def _open_runs(run_dirs: Sequence[Path]) -> list[RunRecords]:
 
 def _tokenizer(runs: list[RunRecords], override: str | None) -> tuple[Any, dict[str, Any]]:
     """The runs' own tokenizer (they must share one) and its chat-template kwargs."""
-    from eagledata.run.tokenization import PromptTokenizer
+    from eagledata.source.tokenization import PromptTokenizer
 
     settings = {run.path: run.frozen().tokenizer for run in runs}
     if override is not None:

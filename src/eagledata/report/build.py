@@ -10,7 +10,7 @@ from eagledata.errors import StorageError
 from eagledata.report.page import render_page
 from eagledata.report.rundata import RunData, gather
 from eagledata.report.sections import Plot
-from eagledata.run.manifest import RunDir
+from eagledata.rundir.manifest import RunDir
 
 
 def draw(data: RunData) -> list[list[Plot]]:

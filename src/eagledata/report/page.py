@@ -17,7 +17,7 @@ import orjson
 from eagledata import __version__
 from eagledata.report.rundata import RunData
 from eagledata.report.sections import WIDTH_IN, Plot, duration
-from eagledata.run.status import lane_key
+from eagledata.rundir.status import lane_key
 
 CSS = """
 :root { --ink:#1f2328; --muted:#59636e; --line:#d1d9e0; --bg:#f6f8fa; --ok:#1a7f37;

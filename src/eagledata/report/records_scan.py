@@ -28,7 +28,7 @@ from typing import Any
 
 import orjson
 
-from eagledata.run.writer import SHARD_PATTERN
+from eagledata.rundir.journal import SHARD_PATTERN
 
 # A JSON scalar, or a flat list of strings (``flags``), at the start of a value.
 _STRING = rb'"(?:[^"\\]|\\.)*"'

@@ -21,8 +21,8 @@ import orjson
 
 from eagledata.report.headline import status_snapshot
 from eagledata.report.records_scan import RecordSeries, scan_records
-from eagledata.run.manifest import RunDir
-from eagledata.run.writer import iter_jsonl_lines
+from eagledata.rundir.journal import iter_jsonl_lines
+from eagledata.rundir.manifest import RunDir
 
 
 @dataclass(frozen=True)

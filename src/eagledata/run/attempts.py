@@ -15,12 +15,12 @@ from eagledata.errors import ItemError, RetryableItemError, ServerUnavailableErr
 from eagledata.run.holding import HoldAndRelease
 from eagledata.run.loadcontrol import LoadController
 from eagledata.run.progress import Progress
-from eagledata.run.records import failure_entry
 from eagledata.run.scheduler import RetryPolicy
-from eagledata.run.workplan import WorkItem
 from eagledata.run.writer import FailureLog
+from eagledata.rundir.records import failure_entry
 from eagledata.server.answers import QueueFullError, ServerDownError
 from eagledata.server.client import SGLangClient, new_rid
+from eagledata.source.workplan import WorkItem
 
 
 class ItemSender:

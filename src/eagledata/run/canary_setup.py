@@ -18,39 +18,12 @@ from eagledata.errors import ConfigError
 from eagledata.quality.canary import CanaryMonitor, LineLog, build_baseline
 from eagledata.quality.canary_baseline import Baseline
 from eagledata.quality.canary_scorer import CanaryScorer
-from eagledata.run.dataset import ResolvedDataset
 from eagledata.run.holding import HoldAndRelease
-from eagledata.run.manifest import RunDir
-from eagledata.run.tokenization import LengthLimit, PromptTokenizer
-from eagledata.run.workplan import WorkItem, WorkPlan
+from eagledata.rundir.manifest import RunDir
 from eagledata.server.client import SGLangClient
 from eagledata.server.guard import KVGuard
 
 BASELINE_FILE = "canary/baseline.json"
-
-
-def canary_prompts(
-    config: AppConfig, dataset: ResolvedDataset, tokenizer: PromptTokenizer, limit: LengthLimit
-) -> list[list[int]]:
-    """The canary's prompts: the first distinct prompts of the run's own dataset, templated
-    exactly as production, short enough for prompt + reference to fit."""
-    settings = config.canary
-    cap = min(limit.max_prompt_tokens or settings.max_prompt_tokens, settings.max_prompt_tokens)
-    plan = WorkPlan(
-        dataset,
-        samples_per_prompt=1,
-        row_limit=config.run.limit,
-        tokenizer=tokenizer,
-        limit=LengthLimit(cap, "canary.max_prompt_tokens"),
-        done=set(),
-    )
-    prompts: dict[tuple[int, ...], None] = {}
-    for entry in plan:
-        if isinstance(entry, WorkItem) and len(entry.input_ids) >= 2:
-            prompts[tuple(entry.input_ids)] = None
-            if len(prompts) >= settings.prompts:
-                break
-    return [list(prompt) for prompt in prompts]
 
 
 async def load_or_record_baseline(

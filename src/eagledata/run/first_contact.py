@@ -12,12 +12,12 @@ from collections.abc import Sequence
 from eagledata.config import AppConfig
 from eagledata.errors import EagledataError, ServerRefusedError, ServerUnavailableError
 from eagledata.run.loadcontrol import LoadController, ServerPlan
-from eagledata.run.manifest import RunDir
 from eagledata.run.progress import Progress
-from eagledata.run.telemetry import TelemetryLog
-from eagledata.run.tokenization import LengthLimit
+from eagledata.rundir.manifest import RunDir
+from eagledata.rundir.telemetry import TelemetryLog
 from eagledata.server.client import SGLangClient
 from eagledata.server.guard import KVGuard
+from eagledata.source.tokenization import LengthLimit
 
 
 async def first_contact(

@@ -25,17 +25,18 @@ from typing import Any
 import numpy as np
 
 from eagledata.capacity.controller import (
-    ControllerSettings,
     Lane,
     LaneSample,
     Ticket,
     fallback_concurrency,
     initial_queue_target,
 )
+from eagledata.capacity.controller_settings import ControllerSettings
 from eagledata.capacity.forecast import Floats, new_draws
 from eagledata.capacity.lengths import LengthModel
 from eagledata.config import LoadSettings
-from eagledata.run.telemetry import TelemetryLog, forecast_usage, lane_entry, lane_name
+from eagledata.run.telemetry import forecast_usage, lane_entry
+from eagledata.rundir.telemetry import TelemetryLog, lane_name
 from eagledata.server.client import SGLangClient
 from eagledata.server.loads import ServerLoad, merge_workers
 from eagledata.server.serverfacts import ServerFacts

@@ -6,38 +6,22 @@ runs one session (``run/session.py``: the steps wired together) in ``_execute``.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from pathlib import Path
 
 from pydantic import ValidationError
 
-from eagledata.config import AppConfig, RunSettings, format_validation_error, resolve_bundled
+from eagledata.config import AppConfig, RunSettings, format_validation_error
 from eagledata.errors import ConfigError, EagledataError, RunDirError
-from eagledata.run.dataset import ResolvedDataset, check_local_source, resolve_dataset
-from eagledata.run.manifest import RunDir
 from eagledata.run.progress import Summary
 from eagledata.run.session import Run
+from eagledata.rundir.manifest import RunDir
+from eagledata.simserver.demo import simulated_server
+from eagledata.source.dataset import ResolvedDataset, check_local_source, resolve_dataset
 from eagledata.tasks import run_until_done
 
 
 def default_out_dir(dataset: ResolvedDataset) -> Path:
     return Path("runs") / dataset.name
-
-
-@contextlib.contextmanager
-def simulated_server(config: AppConfig) -> Iterator[AppConfig]:
-    """Start the bundled simulated server when the config asks for it (the demo)."""
-    if not config.server.simulated.enabled:
-        yield config
-        return
-    from eagledata.simserver import SimConfig, SimServerThread
-
-    options = dict(config.server.simulated.options)
-    options.setdefault("tokenizer_path", resolve_bundled(config.tokenizer.name))
-    with SimServerThread(SimConfig(**options)) as sim:
-        server = config.server.model_copy(update={"urls": [sim.url]})
-        yield config.model_copy(update={"server": server})
 
 
 def _execute(

@@ -1,28 +1,13 @@
-"""The record contract (DESIGN.md): what one line of a shard and of the failure file holds."""
+"""A record built from an answer: the prompt's ids and messages, the answer's ids and provenance
+(the line's contract: ``rundir/records.py``)."""
 
 from __future__ import annotations
 
 import time
 from typing import Any
 
-from eagledata.run.prompts import Message
 from eagledata.server.responses import GenerateResult
-
-REQUIRED_RECORD_KEYS = (
-    "id",
-    "input_ids",
-    "output_ids",
-    "text",
-    "finish_reason",
-    "prompt_tokens",
-    "completion_tokens",
-    "messages",
-)
-
-
-def record_id(dataset: str, row_id: str, sample: int) -> str:
-    """Stable and unique: dataset, source row, sample index."""
-    return f"{dataset}/{row_id}/{sample}"
+from eagledata.source.prompts import Message
 
 
 def completion_time(result: GenerateResult) -> float:
@@ -67,28 +52,4 @@ def make_record(
         "weight_version": result.weight_version,
         "e2e_latency": result.e2e_latency,
         "spec_verify_ct": result.spec_verify_ct,
-    }
-
-
-def failure_entry(
-    *,
-    item_id: str,
-    dataset: str,
-    row_id: str,
-    sample: int,
-    reason: str,
-    message: str,
-    attempts: int,
-    status: str = "failed",
-) -> dict[str, Any]:
-    return {
-        "id": item_id,
-        "status": status,
-        "reason": reason,
-        "message": message,
-        "dataset": dataset,
-        "row_id": row_id,
-        "sample": sample,
-        "attempts": attempts,
-        "time": time.time(),
     }

@@ -17,25 +17,27 @@ from dataclasses import dataclass
 from typing import Any
 
 from eagledata.config import AppConfig, FrozenSettings
+from eagledata.quality.canary_prompts import canary_prompts
 from eagledata.quality.flags import FlagDetector
 from eagledata.run.attempts import ItemSender
-from eagledata.run.canary_setup import canary_prompts, start_canary
-from eagledata.run.dataset import ResolvedDataset, count_rows
+from eagledata.run.canary_setup import start_canary
 from eagledata.run.first_contact import first_contact, load_controller
 from eagledata.run.holding import HoldAndRelease
 from eagledata.run.loadcontrol import LoadController
-from eagledata.run.manifest import RunDir, RunTotals, scan_totals
 from eagledata.run.progress import Progress, Summary
 from eagledata.run.records import make_record
 from eagledata.run.scheduler import RetryPolicy, Scheduler
 from eagledata.run.signals import first_fatal, stop_on_signals, write_task_dump
-from eagledata.run.status import canary_line, canary_summary
-from eagledata.run.telemetry import TelemetryLog
-from eagledata.run.tokenization import PromptTokenizer
-from eagledata.run.workplan import Outcome, WorkItem, WorkPlan
-from eagledata.run.writer import FailureLog, Journal, ShardWriter
+from eagledata.run.writer import FailureLog, ShardWriter
+from eagledata.rundir.journal import Journal
+from eagledata.rundir.manifest import RunDir, RunTotals, scan_totals
+from eagledata.rundir.status import canary_line, canary_summary
+from eagledata.rundir.telemetry import TelemetryLog
 from eagledata.server.client import SGLangClient
 from eagledata.server.guard import KVGuard
+from eagledata.source.dataset import ResolvedDataset, count_rows
+from eagledata.source.tokenization import PromptTokenizer
+from eagledata.source.workplan import Outcome, WorkItem, WorkPlan
 from eagledata.tasks import TaskScope
 
 PLAN_BATCH = 64

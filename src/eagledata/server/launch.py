@@ -24,14 +24,14 @@ from pathlib import Path
 
 import httpx
 
-from eagledata.capacity import KVModel
 from eagledata.config import shipped_path
 from eagledata.errors import (
     LaunchError,
     ServerRefusedError,
     ServerUnavailableError,
 )
-from eagledata.server.profiles import BF16_KV_DTYPES, Profile
+from eagledata.profiles.kv import KVModel
+from eagledata.profiles.profile import BF16_KV_DTYPES, Profile
 from eagledata.server.serverfacts import GuardVerdict, ServerFacts, evaluate_kv_guard
 
 DEFAULT_SCRIPT = Path("scripts/launch_sglang.sh")

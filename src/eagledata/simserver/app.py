@@ -12,14 +12,16 @@ from aiohttp.typedefs import Handler
 from pydantic import ValidationError
 
 from eagledata.errors import EagledataError
-from eagledata.simserver.config import SimConfig, model_info, resolve_model, server_info
+from eagledata.simserver.config import SimConfig
 from eagledata.simserver.faults import apply_fault_abort, draw_faults
 from eagledata.simserver.logprobs import trim_to_output
 from eagledata.simserver.metrics import render_loads, render_metrics
+from eagledata.simserver.model import resolve_model
 from eagledata.simserver.protocol import SimRequestError, abort_reason, bad_body, queue_full_body
 from eagledata.simserver.requests import Parsed, parse_generate, remember_prompts
 from eagledata.simserver.sampling import SamplingSpec
 from eagledata.simserver.scheduler import ABORTED, QUEUED, RID_LIMIT, Item, QueueFullError
+from eagledata.simserver.server_info import model_info, server_info
 from eagledata.simserver.state import STATE, SimState, apply_control, stats_snapshot
 
 JSON = "application/json"

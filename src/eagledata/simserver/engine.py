@@ -15,7 +15,8 @@ from typing import Any
 import orjson
 
 from eagledata.simserver.answers import EMPTY, LOOP, draw_shape, loop_answer
-from eagledata.simserver.config import TABLE_SIZE, ModelSpec, SimConfig, resolve_model
+from eagledata.simserver.config import SimConfig
+from eagledata.simserver.model import TABLE_SIZE, ModelSpec, resolve_model
 from eagledata.simserver.protocol import FinishReason
 from eagledata.simserver.sampling import SamplingSpec, parse_sampling, resolve_max_new
 

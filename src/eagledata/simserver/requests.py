@@ -8,7 +8,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from eagledata.simserver.config import ModelSpec
 from eagledata.simserver.engine import answer_shape, generate, prompt_digest
 from eagledata.simserver.logprobs import (
     LogprobRequest,
@@ -16,6 +15,7 @@ from eagledata.simserver.logprobs import (
     logprob_meta,
     parse_logprob_requests,
 )
+from eagledata.simserver.model import ModelSpec
 from eagledata.simserver.protocol import bad_body, bad_value
 from eagledata.simserver.sampling import SamplingSpec, parse_sampling, resolve_max_new
 from eagledata.simserver.scheduler import Item

@@ -9,7 +9,8 @@ import numpy as np
 from aiohttp import web
 
 from eagledata.simserver.answers import AnswerLedger
-from eagledata.simserver.config import ModelSpec, SimConfig, resolve_model
+from eagledata.simserver.config import SimConfig
+from eagledata.simserver.model import ModelSpec, resolve_model
 from eagledata.simserver.prefix_cache import PrefixCache
 from eagledata.simserver.scheduler import RUNNING, Scheduler
 from eagledata.simserver.speculative import SpecTally

@@ -14,16 +14,16 @@ from eagledata.config import AppConfig
 from eagledata.errors import ServerUnavailableError
 from eagledata.quality.canary import build_baseline
 from eagledata.quality.canary_baseline import Baseline
+from eagledata.quality.canary_prompts import canary_prompts
 from eagledata.quality.canary_ranks import rank_shares, rank_verdicts
 from eagledata.quality.canary_scorer import CanaryScorer
 from eagledata.quality.canary_stats import compare, fired
-from eagledata.run.canary_setup import canary_prompts
-from eagledata.run.dataset import ResolvedDataset, resolve_dataset
-from eagledata.run.pipeline import simulated_server
-from eagledata.run.tokenization import LengthLimit, PromptTokenizer
 from eagledata.server.client import SGLangClient
 from eagledata.server.guard import KVGuard
 from eagledata.server.serverfacts import ServerFacts, evaluate_kv_guard
+from eagledata.simserver.demo import simulated_server
+from eagledata.source.dataset import ResolvedDataset, resolve_dataset
+from eagledata.source.tokenization import LengthLimit, PromptTokenizer
 from eagledata.tasks import run_until_done
 
 

@@ -15,11 +15,11 @@ from eagledata.capacity.planner import plan_from_pool, plan_profiles
 from eagledata.capacity.speculative import AcceptOverride, SpecModel, plan_live_speculative
 from eagledata.config import AppConfig
 from eagledata.errors import ConfigError, ItemError
-from eagledata.run.dataset import ResolvedDataset, check_local_source, count_rows, iter_rows
-from eagledata.run.prompts import to_messages
-from eagledata.run.tokenization import PromptTokenizer
-from eagledata.server.profiles import Profile, ThroughputSection
+from eagledata.profiles.profile import Profile, ThroughputSection
 from eagledata.server.serverfacts import ServerFacts
+from eagledata.source.dataset import ResolvedDataset, check_local_source, count_rows, iter_rows
+from eagledata.source.prompts import to_messages
+from eagledata.source.tokenization import PromptTokenizer
 
 CARD_ACCEPT_LENGTH = 2.8
 """The drafter cards' acceptance (2.5-3.2 at 3 steps, top-k 1) for a live speculative server that

@@ -38,10 +38,9 @@ import orjson
 from eagledata import __version__
 from eagledata.config import FrozenSettings
 from eagledata.errors import RunDirError
-from eagledata.run.acceptance import Acceptance
-from eagledata.run.idset import CompactIdSet
-from eagledata.run.shardindex import IndexRead, iter_indexes
-from eagledata.run.writer import (
+from eagledata.rundir.acceptance import Acceptance
+from eagledata.rundir.idset import CompactIdSet
+from eagledata.rundir.journal import (
     SHARD_PATTERN,
     Journal,
     fsync_dir,
@@ -49,6 +48,7 @@ from eagledata.run.writer import (
     repair_torn_tail,
     storage_error,
 )
+from eagledata.rundir.shardindex import IndexRead, iter_indexes
 
 SCHEMA_VERSION = 1
 
@@ -100,7 +100,7 @@ class RunTotals:
     # The span of completion times, for the overall rate in ``status --json``.
     first_created: float | None = None
     last_created: float | None = None
-    # Speculative decoding: completion tokens over verify counts (run/acceptance.py)
+    # Speculative decoding: completion tokens over verify counts (rundir/acceptance.py)
     acceptance: Acceptance = field(default_factory=Acceptance)
     # shard indexes that could not be trusted and were rebuilt from their shard, by reason
     indexes_rebuilt: dict[str, int] = field(default_factory=dict)

@@ -12,7 +12,7 @@ from typing import Any
 
 from eagledata.config import TokenizerSettings, resolve_bundled
 from eagledata.errors import BadRowError, PromptTooLongError, TokenizerError
-from eagledata.run.prompts import Message
+from eagledata.source.prompts import Message
 
 
 @dataclass(frozen=True, slots=True)

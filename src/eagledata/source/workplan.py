@@ -15,11 +15,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from eagledata.errors import ItemError
-from eagledata.run.dataset import ResolvedDataset, iter_rows
-from eagledata.run.idset import CompactIdSet
-from eagledata.run.prompts import Message, to_messages
-from eagledata.run.records import failure_entry, record_id
-from eagledata.run.tokenization import LengthLimit, PromptTokenizer, check_length
+from eagledata.rundir.idset import CompactIdSet
+from eagledata.rundir.records import failure_entry, record_id
+from eagledata.source.dataset import ResolvedDataset, iter_rows
+from eagledata.source.prompts import Message, to_messages
+from eagledata.source.tokenization import LengthLimit, PromptTokenizer, check_length
 
 
 @dataclass(slots=True)

@@ -14,9 +14,9 @@ from typing import Any
 
 import orjson
 
-from eagledata.run.manifest import RunDir, RunTotals, scan_totals
-from eagledata.run.telemetry import TELEMETRY_FILE, lane_name
-from eagledata.run.writer import iter_jsonl_lines
+from eagledata.rundir.journal import iter_jsonl_lines
+from eagledata.rundir.manifest import RunDir, RunTotals, scan_totals
+from eagledata.rundir.telemetry import TELEMETRY_FILE, lane_name
 
 
 @dataclass(frozen=True)

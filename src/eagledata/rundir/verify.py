@@ -14,10 +14,11 @@ from pathlib import Path
 
 import orjson
 
-from eagledata.run.idset import CompactIdSet
-from eagledata.run.manifest import RunDir, pending_journals, sealed_shards, shard_indexes
-from eagledata.run.records import REQUIRED_RECORD_KEYS
-from eagledata.run.shardindex import (
+from eagledata.rundir.idset import CompactIdSet
+from eagledata.rundir.journal import iter_jsonl_lines
+from eagledata.rundir.manifest import RunDir, pending_journals, sealed_shards, shard_indexes
+from eagledata.rundir.records import REQUIRED_RECORD_KEYS
+from eagledata.rundir.shardindex import (
     IndexBuilder,
     IndexRejected,
     ShardIndex,
@@ -25,7 +26,6 @@ from eagledata.run.shardindex import (
     index_path,
     load_index,
 )
-from eagledata.run.writer import iter_jsonl_lines
 
 MAX_LISTED = 50
 

@@ -17,8 +17,8 @@ import orjson
 
 from eagledata.config import FrozenSettings
 from eagledata.errors import RunDirError
-from eagledata.run.manifest import RunDir, record_files
-from eagledata.run.writer import iter_jsonl_lines
+from eagledata.rundir.journal import iter_jsonl_lines
+from eagledata.rundir.manifest import RunDir, record_files
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,1 @@
+"""Launch profiles (one TOML file per SGLang server configuration) and the model facts they hold."""

@@ -1,0 +1,1 @@
+"""Where prompts come from: dataset rows (stable ids) -> messages -> prompt ids -> work items."""
