@@ -4,15 +4,16 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 
 from conftest import TOKENIZER
 from eagledata.config import DatasetSettings, FrozenSettings, GenerationSettings, TokenizerSettings
 from eagledata.run.writer import FailureLog, ShardWriter
+from eagledata.rundir.lines import RecordLine
 from eagledata.rundir.manifest import RunDir
-from eagledata.rundir.records import failure_entry, record_id
+from eagledata.rundir.records import failure_line, record_id
 
 
 def frozen(dataset: str = "hand", tokenizer: TokenizerSettings | None = None) -> FrozenSettings:
@@ -35,35 +36,33 @@ def record(
     *,
     dataset: str = "hand",
     sample: int = 0,
-    finish: str = "stop",
+    finish: Literal["stop", "length"] = "stop",
     flags: list[str] | None = None,
     messages: list[dict[str, str]] | None = None,
     text: str = "",
-) -> dict[str, Any]:
+) -> RecordLine:
     """A record as the writer stores it; ``flags=None`` is a run made before flags existed."""
-    item: dict[str, Any] = {
-        "id": record_id(dataset, row, sample),
-        "dataset": dataset,
-        "row_id": row,
-        "sample": sample,
-        "finish_reason": finish,
-        "prompt_tokens": len(input_ids),
-        "completion_tokens": len(output_ids),
-        "created_at": 0.0,
-        "messages": messages or [{"role": "user", "content": f"question {row}"}],
-        "input_ids": input_ids,
-        "output_ids": output_ids,
-        "text": text,
-        "matched_token_id": output_ids[-1] if finish == "stop" and output_ids else None,
-    }
-    if flags is not None:
-        item["flags"] = flags
-    return item
+    return RecordLine(
+        id=record_id(dataset, row, sample),
+        dataset=dataset,
+        row_id=row,
+        sample=sample,
+        finish_reason=finish,
+        prompt_tokens=len(input_ids),
+        completion_tokens=len(output_ids),
+        created_at=0.0,
+        messages=list(messages or [{"role": "user", "content": f"question {row}"}]),
+        input_ids=input_ids,
+        output_ids=output_ids,
+        text=text,
+        flags=flags,
+        matched_token_id=output_ids[-1] if finish == "stop" and output_ids else None,
+    )
 
 
 def make_run(
     path: Path,
-    records: list[dict[str, Any]],
+    records: list[RecordLine],
     *,
     failures: list[tuple[str, str, str]] = (),  # type: ignore[assignment]
     planned: int | None = None,
@@ -81,7 +80,7 @@ def make_run(
     log = FailureLog(path, fsync_interval_s=0)
     for row, status, reason in failures:
         log.write(
-            failure_entry(
+            failure_line(
                 item_id=record_id(dataset, row, 0),
                 dataset=dataset,
                 row_id=row,

@@ -180,7 +180,7 @@ def test_a_run_on_a_dp_server_scores_every_check_warm(tokenizer_dir: str, tmp_pa
     assert [entry["cold"] for entry in checks] == [0] * len(checks)
     assert {entry["verdict"] for entry in checks} == {"pass"}
     # 6 references of 48 tokens over two ranks: a share too small for verdicts of its own.
-    assert all("ranks" not in entry for entry in checks)
+    assert all(entry["ranks"] == [] for entry in checks)
 
 
 # --- silent degradation ------------------------------------------------------------------------

@@ -123,7 +123,7 @@ def test_several_runs_go_into_one_file_with_unique_ids_and_per_run_counts(
 def flagged_run(tmp_path: Path) -> Path:
     records = [
         record("clean", [1, 10, 11], [20, 21, IM_END], flags=[]),
-        record("old", [1, 10, 12], [22, IM_END]),  # made before flags: no key at all
+        record("old", [1, 10, 12], [22, IM_END]),  # made before flags: flags null
         record("empty", [1, 10, 13], [IM_END], flags=["empty"]),
         record("loop", [1, 10, 14], [30, 30, 30, IM_END], flags=["degenerate"]),
         record("cut", [1, 10, 15], [40, 41, 42], finish="length", flags=["truncated"]),
@@ -342,7 +342,7 @@ def test_text_skips_exactly_the_rows_whose_round_trip_fails(
     rows = read_jsonl(out)
     assert [row["id"] for row in rows] == ["hand/clean/0", "hand/clean2/0"]
     for row, source in zip(rows, (records[0], records[2]), strict=True):
-        ids = source["input_ids"] + source["output_ids"]
+        ids = source.input_ids + source.output_ids
         assert encode(tok, row["text"]) == ids
         assert set(row) == {"id", "text"}
     assert report.skipped == {"roundtrip_mismatch": 1}
@@ -432,7 +432,8 @@ def test_a_failed_export_leaves_no_partial_file(flagged_run: Path, tmp_path: Pat
     with shards[-1].open("ab") as handle:  # a damaged line after good ones
         handle.write(b"{not json\n")
     for fmt, target in (("ids", out), ("hf", tmp_path / "hf")):
-        with pytest.raises(RunDirError, match="is not valid JSON; run 'eagledata verify"):
+        damaged = r"is not a record \(not valid JSON\); run 'eagledata verify"
+        with pytest.raises(RunDirError, match=damaged):
             export([flagged_run], target, format=fmt, force=True)
     assert out.read_text() == "the previous export\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["flagged", "t.jsonl"]

@@ -20,6 +20,7 @@ ORDER = (
     "__init__",  # the package's face: its version
     "errors",  # the one error tree
     "tasks",  # task scopes whose end is bounded
+    "atomic",  # the one atomic write
     "config",  # the settings
     "profiles",  # launch profiles and the model's KV cell: configuration
     "rundir",  # the run directory: its files, their contract, reading and checking them
@@ -76,9 +77,9 @@ def test_every_module_sits_in_a_known_concern() -> None:
     assert not unknown, f"give these a place in ORDER (and docs/architecture.md): {sorted(unknown)}"
 
 
-def test_the_top_level_holds_only_the_settings_the_errors_and_the_task_scopes() -> None:
+def test_the_top_level_holds_only_the_settings_the_errors_and_two_primitives() -> None:
     top = {p.stem for p in PACKAGE.glob("*.py")}
-    assert top == {"__init__", "config", "errors", "tasks"}
+    assert top == {"__init__", "config", "errors", "tasks", "atomic"}
     assert (PACKAGE / "cli" / "__init__.py").is_file()  # the shell: a package of its commands
 
 
@@ -122,3 +123,20 @@ def test_no_module_imports_itself_through_others() -> None:
         if module not in state:
             visit(module, [module])
     assert not circles, "\n".join(circles)
+
+
+def test_one_atomic_write() -> None:
+    """Every file replaced in place goes through ``atomic.py``: no other module renames a
+    temporary file over another or fsyncs a folder by hand."""
+    renames = {
+        "eagledata.atomic",
+        "eagledata.run.writer",  # seals a journal: renamed into shards/, the commit itself
+        "eagledata.rundir.telemetry",  # rotates the telemetry file: a rename, not a rewrite
+    }
+    patterns = ("os.replace(", "os.rename(", ".replace(tmp", "def fsync_dir", "O_RDONLY")
+    by_hand = [
+        module
+        for module, path in source_modules().items()
+        if module not in renames and any(p in path.read_text() for p in patterns)
+    ]
+    assert not by_hand, by_hand

@@ -17,6 +17,7 @@ from eagledata.capacity.lengths import LengthModel, kaplan_meier
 from eagledata.config import LoadSettings
 from eagledata.run import pipeline, session
 from eagledata.run.loadcontrol import LoadController, ServerPlan
+from eagledata.rundir.lines import TelemetryLine
 from eagledata.rundir.status import latest_load
 from eagledata.rundir.telemetry import ROTATED_FILE, TelemetryLog, read_telemetry
 from eagledata.rundir.verify import verify_run
@@ -361,13 +362,9 @@ def test_auto_fills_the_pool_without_retraction_and_writes_everything_once(
     assert stats["outcomes"].get("queue_full", 0) == 0
     entries = list(read_telemetry(tmp_path / "run"))
     assert entries, "telemetry.jsonl was not written"
-    assert set(entries[-1]) >= {
-        "time", "server", "rank", "source", "token_usage", "num_running_reqs", "num_queue_reqs",
-        "gen_throughput", "num_retracted_reqs", "in_flight", "target",
-    }  # fmt: skip
-    assert entries[-1]["source"] == "loads"
+    assert entries[-1].source == "loads"
     # It filled the pool: at some point more than half of it held our requests.
-    assert max(e["token_usage"] or 0 for e in entries) > 0.5
+    assert max(e.token_usage or 0 for e in entries) > 0.5
 
 
 def test_a_resumed_run_starts_from_the_answer_lengths_its_records_hold(
@@ -556,17 +553,21 @@ def test_work_goes_where_there_is_room(tokenizer_dir: str, tmp_path: Path) -> No
     assert by_server.get(big.url, 0) > by_server.get(small.url, 0)
 
 
+def sample(**fields: Any) -> TelemetryLine:
+    return TelemetryLine(source="loads", **fields)
+
+
 def test_telemetry_is_bounded_and_status_shows_the_latest(tmp_path: Path) -> None:
     log = TelemetryLog(tmp_path, max_bytes=4096)
     for n in range(2000):
-        log.append({"time": n, "server": "http://a", "rank": None, "token_usage": n / 2000})
+        log.append(sample(time=n, server="http://a", token_usage=n / 2000))
     log.close()
     total = (tmp_path / "telemetry.jsonl").stat().st_size
     total += (tmp_path / ROTATED_FILE).stat().st_size
     assert total <= 2 * 4096
     latest = latest_load(tmp_path)
     assert latest is not None and latest["http://a"]["time"] == 1999
-    assert [e["time"] for e in read_telemetry(tmp_path)][-1] == 1999
+    assert [e.time for e in read_telemetry(tmp_path)][-1] == 1999
     assert (
         orjson.loads((tmp_path / "telemetry.jsonl").read_bytes().splitlines()[-1])["time"] == 1999
     )
@@ -578,10 +579,8 @@ def test_status_keeps_one_latest_sample_per_dp_rank(tmp_path: Path) -> None:
     log = TelemetryLog(tmp_path, max_bytes=1 << 20)
     for n in range(10):
         for rank in (0, 1):
-            log.append(
-                {"time": n, "server": "http://a", "rank": rank, "token_usage": 0.5 + rank / 4}
-            )
-        log.append({"time": n, "server": "http://b", "rank": None, "token_usage": 0.1})
+            log.append(sample(time=n, server="http://a", rank=rank, token_usage=0.5 + rank / 4))
+        log.append(sample(time=n, server="http://b", token_usage=0.1))
     log.close()
     latest = latest_load(tmp_path)
     assert latest is not None

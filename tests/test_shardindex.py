@@ -222,7 +222,8 @@ def test_verify_notes_a_rebuilt_index_and_checks_that_shard_line_by_line(
         data = shard.read_bytes()
         line = data[: data.index(b'"STOP"')].count(b"\n") + 1
         assert report.problems == [
-            f"shards/shard-000000.jsonl:{line}: finish_reason 'STOP' is not stop or length"
+            f"shards/shard-000000.jsonl:{line}: not a record "
+            "(finish_reason: Input should be 'stop' or 'length')"
         ]
     else:
         assert report.ok, report.problems

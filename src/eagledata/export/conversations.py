@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from eagledata.export.ids import RowIdentity
+from eagledata.rundir.lines import RecordLine
 
 THINK_START = "<think>"
 THINK_END = "</think>"
@@ -65,11 +66,11 @@ class ThinkSplitter:
         )
         return str(text).strip()
 
-    def _without_stop(self, record: dict[str, Any]) -> list[int]:
-        output: list[int] = list(record["output_ids"])
-        if output and record.get("finish_reason") == "stop":
+    def _without_stop(self, record: RecordLine) -> list[int]:
+        output = list(record.output_ids)
+        if output and record.finish_reason == "stop":
             last = output[-1]
-            if last == record.get("matched_token_id") or last in self.special_ids:
+            if last == record.matched_token_id or last in self.special_ids:
                 output.pop()
         return output
 
@@ -84,11 +85,11 @@ class ThinkSplitter:
                 return True
         return False
 
-    def split(self, record: dict[str, Any]) -> AnswerParts:
+    def split(self, record: RecordLine) -> AnswerParts:
         output = self._without_stop(record)
         if not self.has_thinking:
             return AnswerParts("", self._decode(output), 0)
-        in_think = self._prompt_opens_think(record["input_ids"])
+        in_think = self._prompt_opens_think(record.input_ids)
         if output and output[0] == self.think_start:  # the model opened the block itself
             output = output[1:]
             in_think = True
@@ -128,7 +129,7 @@ class ConversationBuilder:
         self.reasoning_tokens = 0
         self.rows_without_system = 0
 
-    def row(self, record: dict[str, Any], who: RowIdentity) -> dict[str, Any] | str:
+    def row(self, record: RecordLine, who: RowIdentity) -> dict[str, Any] | str:
         parts = self.splitter.split(record)
         if not parts.content:
             # role validators (SpecForge's validate_row) refuse an empty assistant answer
@@ -139,9 +140,7 @@ class ConversationBuilder:
         if parts.reasoning:
             self.rows_with_reasoning += 1
             self.reasoning_tokens += parts.reasoning_tokens
-        messages = [
-            {"role": str(m["role"]), "content": str(m["content"])} for m in record["messages"]
-        ]
+        messages = [{"role": str(m["role"]), "content": str(m["content"])} for m in record.messages]
         if not messages or messages[0]["role"] != "system":
             self.rows_without_system += 1
         return {"id": who.id, "status": "success", "conversations": [*messages, answer]}

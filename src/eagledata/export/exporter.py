@@ -4,7 +4,6 @@ write the data atomically, then the side files and the report.
 
 from __future__ import annotations
 
-import os
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -34,10 +33,11 @@ from eagledata.export.vocab import (
     token_counts_json,
     write_vocab_mapping,
 )
+from eagledata.rundir.lines import RecordLine
 from eagledata.rundir.reader import RunRecords
 
 FORMATS = ("ids", "hf", "conversations", "text")
-RowBuilder = Callable[[dict[str, Any], RowIdentity], "dict[str, Any] | str"]
+RowBuilder = Callable[[RecordLine, RowIdentity], "dict[str, Any] | str"]
 
 
 @dataclass(frozen=True)
@@ -94,12 +94,9 @@ def _tokenizer(runs: list[RunRecords], override: str | None) -> tuple[Any, dict[
     return PromptTokenizer(chosen).hf, dict(chosen.chat_template_kwargs)
 
 
-def _identity(record: dict[str, Any], label: str | None) -> RowIdentity:
-    record_id = str(record["id"])
-    if "dataset" in record and "row_id" in record:
-        primary = f"{record['dataset']}/{record['row_id']}"
-    else:
-        primary = record_id.rsplit("/", 1)[0]
+def _identity(record: RecordLine, label: str | None) -> RowIdentity:
+    record_id = record.id
+    primary = f"{record.dataset}/{record.row_id}"
     if label is None:
         return RowIdentity(record_id, primary, "")
     return RowIdentity(f"{label}/{record_id}", f"{label}/{primary}", label)
@@ -130,14 +127,14 @@ def _rows(
                 report.skipped_row(counts_of_run, row, who.id)
                 continue
             seen.add(who.id)
-            output = record["output_ids"]
+            output = record.output_ids
             if counts is not None:
                 count_supervised(counts, output)
             report.exported_row(
                 counts_of_run,
-                len(record["input_ids"]) + len(output),
+                len(record.input_ids) + len(output),
                 len(output),
-                str(record.get("finish_reason")),
+                record.finish_reason,
             )
             yield row
         outcomes = run.outcomes()
@@ -155,8 +152,6 @@ def _write_jsonl(rows: Iterator[dict[str, Any]], path: Path) -> None:
         for row in rows:
             handle.write(orjson.dumps(row))
             handle.write(b"\n")
-        handle.flush()
-        os.fsync(handle.fileno())
 
 
 def export_runs(run_dirs: Sequence[Path], out: Path, options: ExportOptions) -> ExportReport:

@@ -18,6 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from eagledata.rundir.lines import RecordLine
+
 
 @dataclass(frozen=True, slots=True)
 class RowIdentity:
@@ -28,9 +30,9 @@ class RowIdentity:
     run: str
 
 
-def ids_row(record: dict[str, Any], who: RowIdentity) -> dict[str, Any]:
-    prompt: list[int] = record["input_ids"]
-    output: list[int] = record["output_ids"]
+def ids_row(record: RecordLine, who: RowIdentity) -> dict[str, Any]:
+    prompt = record.input_ids
+    output = record.output_ids
     return {
         "id": who.id,
         "primary_id": who.primary_id,
@@ -38,8 +40,8 @@ def ids_row(record: dict[str, Any], who: RowIdentity) -> dict[str, Any]:
         "loss_mask": [0] * len(prompt) + [1] * len(output),
         "metadata": {
             "run": who.run,
-            "record_id": str(record["id"]),
-            "finish_reason": str(record.get("finish_reason")),
+            "record_id": record.id,
+            "finish_reason": record.finish_reason,
             "prompt_tokens": len(prompt),
             "completion_tokens": len(output),
         },

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
+from eagledata.atomic import atomic_path, atomic_write
 from eagledata.errors import ExportError
 
 DATA_SUFFIXES = (".jsonl", ".json")
@@ -32,15 +32,6 @@ def side_path(out: Path, kind: str) -> Path:
 def _cannot_write(out: Path, exc: OSError) -> ExportError:
     why = exc.strerror or str(exc)
     return ExportError(f"cannot write {out}: {why}; pass a writable --out")
-
-
-def _fsync_dir(path: Path) -> None:
-    with contextlib.suppress(OSError):
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
 
 def check_target(out: Path, *, is_dir: bool, force: bool, run_dirs: list[Path]) -> None:
@@ -71,37 +62,15 @@ def check_target(out: Path, *, is_dir: bool, force: bool, run_dirs: list[Path]) 
 @contextlib.contextmanager
 def atomic_target(out: Path, *, is_dir: bool) -> Iterator[Path]:
     """Yield a temporary path beside ``out``; on success rename it over ``out``, else remove it."""
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    _remove(tmp)
     try:
-        yield tmp
-        if is_dir:
-            old = out.with_name(f".{out.name}.{os.getpid()}.old")
-            if out.exists():
-                os.replace(out, old)
-            os.replace(tmp, out)
-            _remove(old)
-        else:
-            os.replace(tmp, out)
-        _fsync_dir(out.parent)
+        with atomic_path(out, is_dir=is_dir) as tmp:
+            yield tmp
     except OSError as exc:
-        _remove(tmp)
         raise _cannot_write(out, exc) from None
-    except BaseException:
-        _remove(tmp)
-        raise
 
 
 def write_bytes_atomic(path: Path, data: bytes) -> None:
-    with atomic_target(path, is_dir=False) as tmp, tmp.open("wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-
-
-def _remove(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
+    try:
+        atomic_write(path, data)
+    except OSError as exc:
+        raise _cannot_write(path, exc) from None

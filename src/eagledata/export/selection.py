@@ -1,7 +1,7 @@
 """Which records an export keeps, and why each of the others is left out.
 
 Records carry quality ``flags`` (docs/run-directory.md). A run made before flags existed has no
-``flags`` key: its records get the flags that need only their ids (``truncated``, ``empty``,
+``flags`` (None): its records get the flags that need only their ids (``truncated``, ``empty``,
 ``degenerate``), from the same detector generation uses. ``empty`` and ``degenerate`` answers are
 left out unless
 the user keeps them; rows longer than the trainer's ``max_length`` are left out and counted, since
@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
 
 from eagledata.errors import ExportError
 from eagledata.quality.flags import ALL_FLAGS, FlagDetector
+from eagledata.rundir.lines import RecordLine
 
 KNOWN_FLAGS = ALL_FLAGS
 # No tokenizer: the round-trip and think detectors are off, the id-only ones on.
@@ -33,15 +33,14 @@ def flag_reason(flag: str) -> str:
     return f"flag:{flag}"
 
 
-def record_flags(record: dict[str, Any]) -> list[str]:
-    flags = record.get("flags")
-    if isinstance(flags, list):
-        return [str(flag) for flag in flags]
+def record_flags(record: RecordLine) -> list[str]:
+    if record.flags is not None:
+        return record.flags
     return _FROM_IDS.flags(
-        input_ids=record["input_ids"],
-        output_ids=list(record["output_ids"]),
-        finish_reason=str(record.get("finish_reason")),
-        matched=record.get("matched_token_id"),
+        input_ids=record.input_ids,
+        output_ids=list(record.output_ids),
+        finish_reason=record.finish_reason,
+        matched=record.matched_token_id,
     )
 
 
@@ -62,14 +61,12 @@ class Selection:
             raise ExportError(f"--max-length {max_length}: must be a positive number of tokens")
         return cls(excluded=EXCLUDED_BY_DEFAULT - kept, max_length=max_length)
 
-    def skip_reason(self, record: dict[str, Any]) -> str | None:
+    def skip_reason(self, record: RecordLine) -> str | None:
         """Why ``record`` is left out, or None to export it."""
-        prompt, output = record.get("input_ids"), record.get("output_ids")
-        if not (isinstance(prompt, list) and isinstance(output, list) and prompt):
+        prompt, output = record.input_ids, record.output_ids
+        if not prompt:
             return MALFORMED
-        if record.get("prompt_tokens") != len(prompt) or record.get("completion_tokens") != len(
-            output
-        ):
+        if record.prompt_tokens != len(prompt) or record.completion_tokens != len(output):
             return MALFORMED
         excluded = sorted(self.excluded.intersection(record_flags(record)))
         if excluded:

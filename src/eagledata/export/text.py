@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from eagledata.export.ids import RowIdentity
+from eagledata.rundir.lines import RecordLine
 
 ROUNDTRIP_MISMATCH = "roundtrip_mismatch"
 
@@ -20,8 +21,8 @@ class TextBuilder:
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
 
-    def row(self, record: dict[str, Any], who: RowIdentity) -> dict[str, Any] | str:
-        ids = [*record["input_ids"], *record["output_ids"]]
+    def row(self, record: RecordLine, who: RowIdentity) -> dict[str, Any] | str:
+        ids = [*record.input_ids, *record.output_ids]
         text = str(
             self.tokenizer.decode(
                 ids, skip_special_tokens=False, clean_up_tokenization_spaces=False

@@ -26,9 +26,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import Protocol
-
-import orjson
+from typing import Literal, Protocol
 
 from eagledata.config import CanarySettings
 from eagledata.errors import CanaryDriftError, ServerError, ServerUnavailableError
@@ -36,6 +34,7 @@ from eagledata.quality.canary_baseline import Baseline, rules_of
 from eagledata.quality.canary_ranks import RankShare, RankVerdict, rank_shares, rank_verdicts
 from eagledata.quality.canary_scorer import CanaryScorer, Measured
 from eagledata.quality.canary_stats import compare, fired, hard_stop
+from eagledata.rundir.lines import QualityLine, RankLine
 
 
 class LineLog(Protocol):
@@ -101,7 +100,7 @@ async def build_baseline(
 def _log(
     ledger: LineLog,
     url: str,
-    kind: str,
+    kind: Literal["baseline", "check"],
     trigger: str,
     verdict: str,
     stats: dict[str, float],
@@ -110,26 +109,24 @@ def _log(
     measured: Measured | None,
     ranks: Sequence[RankVerdict] = (),
 ) -> None:
-    entry: dict[str, object] = {
-        "time": time.time(),
-        "server": url,
-        "kind": kind,
-        "trigger": trigger,
-        "verdict": verdict,
-        "stats": stats,
-        "thresholds": limits,
-        "reason": reason,
-        "requests": measured.requests if measured else 0,
-        "prompt_tokens": measured.prompt_tokens if measured else 0,
-        "seconds": round(measured.seconds, 4) if measured else 0.0,
-        "cold": measured.cold if measured else 0,
-    }
-    if ranks:
-        entry["ranks"] = [
-            {"rank": v.rank, "stats": v.stats, "thresholds": v.limits, "fired": v.fired}
-            for v in ranks
-        ]
-    ledger.append(orjson.dumps(entry))
+    line = QualityLine(
+        time=time.time(),
+        server=url,
+        kind=kind,
+        trigger=trigger,
+        verdict=verdict,
+        stats=stats,
+        thresholds=limits,
+        reason=reason,
+        requests=measured.requests if measured else 0,
+        prompt_tokens=measured.prompt_tokens if measured else 0,
+        seconds=round(measured.seconds, 4) if measured else 0.0,
+        cold=measured.cold if measured else 0,
+        ranks=[
+            RankLine(rank=v.rank, stats=v.stats, thresholds=v.limits, fired=v.fired) for v in ranks
+        ],
+    )
+    ledger.append(line.dump())
 
 
 class CanaryMonitor:

@@ -15,6 +15,7 @@ from typing import Any
 
 import orjson
 
+from eagledata.atomic import atomic_write
 from eagledata.config import CanarySettings
 from eagledata.errors import ConfigError
 from eagledata.quality.canary_stats import (
@@ -109,9 +110,7 @@ class Baseline:
             "null": self.null,
         }
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_bytes(orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY))
-        tmp.replace(path)
+        atomic_write(path, orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY))
 
     @classmethod
     def load(cls, path: Path) -> Baseline:

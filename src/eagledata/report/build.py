@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import contextlib
-import os
 from pathlib import Path
 
+from eagledata.atomic import atomic_path
 from eagledata.errors import StorageError
 from eagledata.report.page import render_page
 from eagledata.report.rundata import RunData, gather
@@ -48,22 +47,12 @@ def build_report(run_dir: Path, out: Path | None = None) -> Path:
     """
     RunDir(run_dir).read()
     target = out if out is not None else run_dir / "report.html"
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        handle = tmp.open("w", encoding="utf-8")
+        with atomic_path(target) as tmp, tmp.open("w", encoding="utf-8") as handle:
+            handle.write(report_html(run_dir))
     except OSError as exc:
         raise _unwritable(target, exc) from None
-    try:
-        with handle:
-            html = report_html(run_dir)
-            handle.write(html)
-        os.replace(tmp, target)
-    except OSError as exc:
-        raise _unwritable(target, exc) from None
-    finally:
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
     return target
 
 

@@ -15,14 +15,16 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import orjson
+from typing import Any, TypeVar
 
 from eagledata.report.headline import status_snapshot
 from eagledata.report.records_scan import RecordSeries, scan_records
 from eagledata.rundir.journal import iter_jsonl_lines
+from eagledata.rundir.lines import CheckLine, Line, LineError, QualityLine, TelemetryLine
 from eagledata.rundir.manifest import RunDir
+from eagledata.rundir.telemetry import lane_name
+
+LineT = TypeVar("LineT", bound=Line)
 
 
 @dataclass(frozen=True)
@@ -119,18 +121,14 @@ def gather(path: Path) -> RunData:
     )
 
 
-def _objects(path: Path, skipped: Counter[str]) -> Iterator[dict[str, Any]]:
+def _lines(path: Path, model: type[LineT], skipped: Counter[str]) -> Iterator[LineT]:
+    """Every whole line of ``path`` that is a ``model`` line; the others are counted."""
     if not path.is_file():
         return
     for line in iter_jsonl_lines(path):
         try:
-            value = orjson.loads(line)
-        except orjson.JSONDecodeError:
-            skipped[path.name] += 1
-            continue
-        if isinstance(value, dict):
-            yield value
-        else:
+            yield model.parse(line)
+        except LineError:
             skipped[path.name] += 1
 
 
@@ -172,52 +170,30 @@ def _guard_interval(manifest: dict[str, Any]) -> float:
 
 
 def _guard_checks(path: Path, skipped: Counter[str]) -> list[GuardCheck]:
-    checks = []
-    for entry in _objects(path / "checks.jsonl", skipped):
-        moment = _float(entry.get("time"))
-        if moment is None or not isinstance(entry.get("ok"), bool):
-            skipped["checks.jsonl"] += 1
-            continue
-        problems = entry.get("problems") or []
-        checks.append(
-            GuardCheck(
-                time=moment,
-                server=str(entry.get("server", "?")),
-                ok=entry["ok"],
-                problems=tuple(str(p) for p in problems) if isinstance(problems, list) else (),
-            )
-        )
+    checks = [
+        GuardCheck(time=line.time, server=line.server, ok=line.ok, problems=tuple(line.problems))
+        for line in _lines(path / "checks.jsonl", CheckLine, skipped)
+    ]
     checks.sort(key=lambda check: check.time)
     return checks
 
 
 def _canary_checks(path: Path, skipped: Counter[str]) -> list[CanaryCheck]:
-    found = []
-    for entry in _objects(path / "quality.jsonl", skipped):
-        moment = _float(entry.get("time"))
-        if moment is None:
-            skipped["quality.jsonl"] += 1
-            continue
-        found.append(
-            CanaryCheck(
-                time=moment,
-                server=str(entry.get("server", "?")),
-                kind=str(entry.get("kind", "check")),
-                trigger=str(entry.get("trigger", "")),
-                verdict=str(entry.get("verdict", "?")),
-                stats=_numbers(entry.get("stats")),
-                thresholds=_numbers(entry.get("thresholds")),
-                reason=str(entry.get("reason") or ""),
-            )
+    found = [
+        CanaryCheck(
+            time=line.time,
+            server=line.server,
+            kind=line.kind,
+            trigger=line.trigger,
+            verdict=line.verdict,
+            stats=line.stats,
+            thresholds=line.thresholds,
+            reason=line.reason,
         )
+        for line in _lines(path / "quality.jsonl", QualityLine, skipped)
+    ]
     found.sort(key=lambda check: check.time)
     return found
-
-
-def _numbers(value: Any) -> dict[str, float]:
-    if not isinstance(value, dict):
-        return {}
-    return {str(k): v for k, raw in value.items() if (v := _float(raw)) is not None}
 
 
 def find_reconnects(
@@ -241,7 +217,6 @@ def find_reconnects(
     return found
 
 
-_NUMBERS = (int, float)  # exact types: a JSON true/false is not a count
 _LOAD_COLUMNS = (
     ("token_usage", "token_usage"),
     ("running", "num_running_reqs"),
@@ -260,20 +235,15 @@ def _load_series(path: Path, skipped: Counter[str]) -> dict[str, LoadSeries]:
     series: dict[str, LoadSeries] = {}
     nan = float("nan")
     # A long run rotates its telemetry: telemetry.1.jsonl holds the samples before the live file.
-    rotated = _objects(path / "telemetry.1.jsonl", skipped)
-    for entry in itertools.chain(rotated, _objects(path / "telemetry.jsonl", skipped)):
-        moment = entry.get("time")
-        if type(moment) not in _NUMBERS or not isinstance(moment, int | float):  # for mypy
-            skipped["telemetry"] += 1
-            continue
-        server = str(entry.get("server", "?"))
-        rank = entry.get("rank")
-        label = server if rank is None else f"{server} rank {rank}"
+    rotated = _lines(path / "telemetry.1.jsonl", TelemetryLine, skipped)
+    live = _lines(path / "telemetry.jsonl", TelemetryLine, skipped)
+    for entry in itertools.chain(rotated, live):
+        label = lane_name(entry.server, entry.rank)
         into = series.get(label)
         if into is None:
             into = series[label] = LoadSeries(label)
-        into.time.append(float(moment))
+        into.time.append(entry.time)
         for name, key in _LOAD_COLUMNS:
-            value = entry.get(key)
-            getattr(into, name).append(value if type(value) in _NUMBERS else nan)
+            value = getattr(entry, key)
+            getattr(into, name).append(nan if value is None else value)
     return series

@@ -17,7 +17,7 @@ from eagledata.run.loadcontrol import LoadController
 from eagledata.run.progress import Progress
 from eagledata.run.scheduler import RetryPolicy
 from eagledata.run.writer import FailureLog
-from eagledata.rundir.records import failure_entry
+from eagledata.rundir.records import failure_line
 from eagledata.server.answers import QueueFullError, ServerDownError
 from eagledata.server.client import SGLangClient, new_rid
 from eagledata.source.workplan import WorkItem
@@ -152,7 +152,7 @@ class ItemSender:
 
     def _fail(self, item: WorkItem, exc: ItemError, attempts: int) -> None:
         self.failures.write(
-            failure_entry(
+            failure_line(
                 item_id=item.item_id,
                 dataset=self.dataset_name,
                 row_id=item.row_id,

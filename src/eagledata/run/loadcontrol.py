@@ -20,7 +20,6 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -36,6 +35,7 @@ from eagledata.capacity.forecast import Floats, new_draws
 from eagledata.capacity.lengths import LengthModel
 from eagledata.config import LoadSettings
 from eagledata.run.telemetry import forecast_usage, lane_entry
+from eagledata.rundir.lines import TelemetryLine
 from eagledata.rundir.telemetry import TelemetryLog, lane_name
 from eagledata.server.client import SGLangClient
 from eagledata.server.loads import ServerLoad, merge_workers
@@ -107,7 +107,7 @@ class LoadController:
         """Set when an answer ends while requests wait for room: sample now, not at the poll."""
         self._prompt_sum = 0
         self._prompt_count = 0
-        self.latest: dict[str, dict[str, Any]] = {}
+        self.latest: dict[str, TelemetryLine] = {}
         """The last telemetry entry per lane key, for the progress bar."""
 
     @property
@@ -358,7 +358,7 @@ class LoadController:
 
     def _entry(
         self, lane: Lane, source: str, running: int | None, waiting: int | None
-    ) -> dict[str, Any]:
+    ) -> TelemetryLine:
         return lane_entry(
             lane,
             source=source,
@@ -373,17 +373,15 @@ class LoadController:
             for lane in lanes:
                 entry = self.latest.get(lane_name(lane.server, lane.rank))
                 if entry is None:
-                    entry = {
-                        **self._entry(lane, "none", None, None),
-                        "source": "none",
+                    entry = self._entry(lane, "none", None, None)
+                entry = entry.model_copy(
+                    update={
+                        "time": time.time(),
+                        "in_flight": self._in_flight(lane),
+                        "held_by": dict(lane.held_by),
+                        "forecast_usage": forecast_usage(lane) if self.auto else None,
                     }
-                entry = {
-                    **entry,
-                    "time": time.time(),
-                    "in_flight": self._in_flight(lane),
-                    "held_by": dict(lane.held_by),
-                    "forecast_usage": forecast_usage(lane) if self.auto else None,
-                }
+                )
                 lane.held_by.clear()
                 if self.telemetry is not None:
                     with contextlib.suppress(OSError):
@@ -394,9 +392,9 @@ class LoadController:
         entries = list(self.latest.values())
         if not entries:
             return {}
-        usages = [e["token_usage"] for e in entries if e.get("token_usage") is not None]
-        running = sum(e.get("num_running_reqs") or 0 for e in entries)
-        queued = sum(e.get("num_queue_reqs") or 0 for e in entries)
+        usages = [e.token_usage for e in entries if e.token_usage is not None]
+        running = sum(e.num_running_reqs or 0 for e in entries)
+        queued = sum(e.num_queue_reqs or 0 for e in entries)
         fields = {"running": str(running), "queued": str(queued)}
         if usages:
             fields = {"kv": f"{100 * sum(usages) / len(usages):.0f}%", **fields}

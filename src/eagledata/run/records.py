@@ -1,11 +1,11 @@
 """A record built from an answer: the prompt's ids and messages, the answer's ids and provenance
-(the line's contract: ``rundir/records.py``)."""
+(the line's contract: ``rundir/lines.py``)."""
 
 from __future__ import annotations
 
 import time
-from typing import Any
 
+from eagledata.rundir.lines import RecordLine
 from eagledata.server.responses import GenerateResult
 from eagledata.source.prompts import Message
 
@@ -27,29 +27,28 @@ def make_record(
     input_ids: list[int],
     result: GenerateResult,
     flags: list[str] | None = None,
-) -> dict[str, Any]:
-    # ``id`` first: a reader that wants only ids can stop parsing early.
-    return {
-        "id": item_id,
-        "dataset": dataset,
-        "row_id": row_id,
-        "sample": sample,
-        "finish_reason": result.finish_reason,
-        "prompt_tokens": result.prompt_tokens,
-        "completion_tokens": result.completion_tokens,
-        "created_at": completion_time(result),
-        "messages": messages,
-        "input_ids": input_ids,
-        "output_ids": result.output_ids,
-        "text": result.text,
+) -> RecordLine:
+    return RecordLine(
+        id=item_id,
+        dataset=dataset,
+        row_id=row_id,
+        sample=sample,
+        finish_reason=result.finish_reason,
+        prompt_tokens=result.prompt_tokens,
+        completion_tokens=result.completion_tokens,
+        created_at=completion_time(result),
+        messages=list(messages),
+        input_ids=input_ids,
+        output_ids=result.output_ids,
+        text=result.text,
         # quality/flags.py: what a consumer should know about this answer; [] when clean
-        "flags": flags if flags is not None else [],
+        flags=flags if flags is not None else [],
         # ``matched`` may be an id or a stop string; keep the column typed for Arrow.
-        "matched_token_id": result.matched if isinstance(result.matched, int) else None,
-        "cached_tokens": result.cached_tokens,
-        "server": result.server,
-        "rid": result.rid,
-        "weight_version": result.weight_version,
-        "e2e_latency": result.e2e_latency,
-        "spec_verify_ct": result.spec_verify_ct,
-    }
+        matched_token_id=result.matched if isinstance(result.matched, int) else None,
+        cached_tokens=result.cached_tokens,
+        server=result.server,
+        rid=result.rid,
+        weight_version=result.weight_version,
+        e2e_latency=result.e2e_latency,
+        spec_verify_ct=result.spec_verify_ct,
+    )

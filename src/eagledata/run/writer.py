@@ -19,17 +19,15 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
-import orjson
-
+from eagledata.atomic import fsync_dir
 from eagledata.rundir.journal import (
     SHARD_PATTERN,
     Journal,
-    fsync_dir,
     repair_torn_tail,
     storage_error,
 )
+from eagledata.rundir.lines import FailureLine, RecordLine
 from eagledata.rundir.shardindex import IndexBuilder, build_index, write_index
 
 
@@ -81,16 +79,16 @@ class ShardWriter:
             sealed += 1
         return sealed
 
-    def write(self, record: dict[str, Any]) -> None:
+    def write(self, record: RecordLine) -> None:
         if self._journal is None:
             path = self.pending_dir / f"shard-{self._next_seq:06d}.jsonl"
             self._next_seq += 1
             self._journal = Journal(path, self.fsync_interval_s)
             self._index = IndexBuilder(path.name)
-        line = orjson.dumps(record)
+        line = record.dump()
         self._journal.append(line)
         if self._index is not None:
-            self._index.add(line + b"\n", record)
+            self._index.add(line + b"\n", record.__dict__)
         if self._journal.lines >= self.shard_size:
             self._seal_current()
 
@@ -131,8 +129,8 @@ class FailureLog:
     def __init__(self, run_dir: Path, fsync_interval_s: float = 1.0) -> None:
         self._journal = Journal(run_dir / "failures.jsonl", fsync_interval_s)
 
-    def write(self, entry: dict[str, Any]) -> None:
-        self._journal.append(orjson.dumps(entry))
+    def write(self, entry: FailureLine) -> None:
+        self._journal.append(entry.dump())
 
     def close(self) -> None:
         self._journal.close()

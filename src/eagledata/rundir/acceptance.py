@@ -22,11 +22,10 @@ class Acceptance:
     recent_tokens: int = 0
     recent_verify_ct: int = 0
 
-    def add(self, record: dict[str, Any], *, recent: bool) -> None:
-        verify_ct = record.get("spec_verify_ct")
-        if type(verify_ct) is not int or verify_ct <= 0:
+    def add(self, verify_ct: int | None, tokens: int, *, recent: bool) -> None:
+        """One record's ``spec_verify_ct`` and ``completion_tokens``."""
+        if verify_ct is None or verify_ct <= 0:
             return
-        tokens = int(record["completion_tokens"])
         self.tokens += tokens
         self.verify_ct += verify_ct
         self.records += 1

@@ -31,14 +31,6 @@ def storage_error(action: str, path: Path, exc: OSError) -> StorageError:
     return StorageError(f"cannot {action} {path}: {hint} (committed records are intact)")
 
 
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def repair_torn_tail(path: Path) -> int:
     """Cut a torn last line (no trailing newline) off ``path``. Returns the bytes removed."""
     size = path.stat().st_size

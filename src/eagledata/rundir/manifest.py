@@ -36,6 +36,7 @@ from typing import Any
 import orjson
 
 from eagledata import __version__
+from eagledata.atomic import atomic_write
 from eagledata.config import FrozenSettings
 from eagledata.errors import RunDirError
 from eagledata.rundir.acceptance import Acceptance
@@ -43,24 +44,19 @@ from eagledata.rundir.idset import CompactIdSet
 from eagledata.rundir.journal import (
     SHARD_PATTERN,
     Journal,
-    fsync_dir,
     iter_jsonl_lines,
     repair_torn_tail,
     storage_error,
 )
+from eagledata.rundir.lines import FailureLine, LineError, RecordLine, line_schemas
 from eagledata.rundir.shardindex import IndexRead, iter_indexes
 
 SCHEMA_VERSION = 1
 
 
 def write_json_atomic(path: Path, value: Any) -> None:
-    tmp = path.with_name(path.name + ".tmp")
     try:
-        with tmp.open("wb") as handle:
-            handle.write(orjson.dumps(value, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS))
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
+        atomic_write(path, orjson.dumps(value, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS))
     except OSError as exc:
         raise storage_error("write", path, exc) from None
 
@@ -213,43 +209,52 @@ def scan_totals(
             for created, tokens, verify_ct in zip(
                 index.created_at, index.completion_lengths, index.spec_verify_ct, strict=True
             ):
-                totals.acceptance.add(
-                    {"spec_verify_ct": verify_ct, "completion_tokens": tokens},
-                    recent=created >= horizon,
-                )
+                totals.acceptance.add(verify_ct, tokens, recent=created >= horizon)
     for path in pending_journals(run_dir):  # the open journal: at most shard_size lines
         for line in iter_jsonl_lines(path):
-            record = orjson.loads(line)
-            totals.done_ids.add(record["id"])
+            record = RecordLine.parse(line)
+            totals.done_ids.add(record.id)
             totals.written += 1
-            totals.prompt_tokens += record["prompt_tokens"]
-            totals.completion_tokens += record["completion_tokens"]
-            totals.output_lengths.append(record["completion_tokens"])
-            _count(totals.finish_reasons, record.get("finish_reason", "?"))
-            flags = record.get("flags") or ()
-            if flags:
+            totals.prompt_tokens += record.prompt_tokens
+            totals.completion_tokens += record.completion_tokens
+            totals.output_lengths.append(record.completion_tokens)
+            _count(totals.finish_reasons, record.finish_reason)
+            if record.flags:  # None: a record written before flags existed
                 totals.flagged += 1
-                for flag in flags:
+                for flag in record.flags:
                     _count(totals.flags, flag)
-            created = record.get("created_at", 0.0)
+            created = record.created_at
             if totals.first_created is None or created < totals.first_created:
                 totals.first_created = created
             if totals.last_created is None or created > totals.last_created:
                 totals.last_created = created
             if created >= horizon:
-                totals.recent.append((created, record["completion_tokens"]))
-            totals.acceptance.add(record, recent=created >= horizon)
+                totals.recent.append((created, record.completion_tokens))
+            totals.acceptance.add(
+                record.spec_verify_ct, record.completion_tokens, recent=created >= horizon
+            )
     failures = run_dir / "failures.jsonl"
     if failures.is_file():
-        for line in iter_jsonl_lines(failures):
-            entry = orjson.loads(line)
-            totals.done_ids.add(entry["id"])
-            if entry.get("status") == "skipped":
+        for entry in failure_lines(failures):
+            totals.done_ids.add(entry.id)
+            if entry.status == "skipped":
                 totals.skipped += 1
             else:
                 totals.failed += 1
-            _count(totals.failure_reasons, entry.get("reason", "error"))
+            _count(totals.failure_reasons, entry.reason)
     return totals
+
+
+def failure_lines(path: Path) -> Iterator[FailureLine]:
+    """Every whole line of a failure file (``failures.jsonl``), as its contract."""
+    for line_no, line in enumerate(iter_jsonl_lines(path), start=1):
+        try:
+            yield FailureLine.parse(line)
+        except LineError as exc:
+            raise RunDirError(
+                f"{path}:{line_no} is not a failure line ({exc}); run 'eagledata verify "
+                "RUN_DIR' to list the damage"
+            ) from None
 
 
 class RunDir:
@@ -316,6 +321,8 @@ class RunDir:
             "frozen": frozen.model_dump(mode="json", by_alias=True),
             "created_at": time.time(),
             "versions": library_versions(),
+            # each line kind's schema (rundir/lines.py): what a later reader checks it can take
+            "line_schemas": line_schemas(),
             **extra,
         }
         write_json_atomic(self.run_json, manifest)
@@ -362,18 +369,12 @@ class RunDir:
             repair_torn_tail(path)
             kept, requeued = [], 0
             for line in iter_jsonl_lines(path):
-                if orjson.loads(line).get("status") == "skipped":
+                if FailureLine.parse(line).status == "skipped":
                     kept.append(line)
                 else:
                     requeued += 1
             if requeued:
-                tmp = path.with_name(path.name + ".tmp")
-                with tmp.open("wb") as handle:
-                    handle.writelines(kept)
-                    handle.flush()
-                    os.fsync(handle.fileno())
-                os.replace(tmp, path)
-                fsync_dir(self.path)
+                atomic_write(path, b"".join(kept))
         except OSError as exc:
             raise storage_error("rewrite", path, exc) from None
         return requeued

@@ -11,14 +11,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import orjson
 
 from eagledata.config import FrozenSettings
 from eagledata.errors import RunDirError
 from eagledata.rundir.journal import iter_jsonl_lines
-from eagledata.rundir.manifest import RunDir, record_files
+from eagledata.rundir.lines import LineError, RecordLine
+from eagledata.rundir.manifest import RunDir, failure_lines, record_files
 
 
 @dataclass(frozen=True)
@@ -51,24 +49,18 @@ class RunRecords:
     def files(self) -> list[Path]:
         return record_files(self.path)
 
-    def records(self) -> Iterator[dict[str, Any]]:
+    def records(self) -> Iterator[RecordLine]:
         """Every committed record, in shard order, one parsed line at a time."""
         for path in self.files():
             try:
                 for line_no, line in enumerate(iter_jsonl_lines(path), start=1):
                     try:
-                        record = orjson.loads(line)
-                    except orjson.JSONDecodeError:
+                        yield RecordLine.parse(line)
+                    except LineError as exc:
                         raise RunDirError(
-                            f"{path}:{line_no} is not valid JSON; run 'eagledata verify "
+                            f"{path}:{line_no} is not a record ({exc}); run 'eagledata verify "
                             f"{self.path}' to list the damage"
                         ) from None
-                    if not isinstance(record, dict):
-                        raise RunDirError(
-                            f"{path}:{line_no} is not a record; run 'eagledata verify "
-                            f"{self.path}' to list the damage"
-                        )
-                    yield record
             except FileNotFoundError:
                 # a journal sealed (renamed into shards/) while we listed: read it there
                 sealed = self.path / "shards" / path.name
@@ -82,11 +74,9 @@ class RunRecords:
         skipped: dict[str, int] = {}
         failures = self.path / "failures.jsonl"
         if failures.is_file():
-            for line in iter_jsonl_lines(failures):
-                entry = orjson.loads(line)
-                into = skipped if entry.get("status") == "skipped" else failed
-                reason = str(entry.get("reason", "error"))
-                into[reason] = into.get(reason, 0) + 1
+            for entry in failure_lines(failures):
+                into = skipped if entry.status == "skipped" else failed
+                into[entry.reason] = into.get(entry.reason, 0) + 1
         return GenerationOutcomes(
             planned=self._run_dir.planned(),
             plan_complete=(self.path / "plan.json").is_file(),
@@ -95,6 +85,6 @@ class RunRecords:
         )
 
 
-def _records_of(path: Path) -> Iterator[dict[str, Any]]:
+def _records_of(path: Path) -> Iterator[RecordLine]:
     for line in iter_jsonl_lines(path):
-        yield orjson.loads(line)
+        yield RecordLine.parse(line)

@@ -1,21 +1,12 @@
-"""The record and failure-line contract: the keys every record holds, its stable id, and one
-line of the failure file."""
+"""The ids of a run's items, and the failure line built when one ends without a record (the
+lines themselves: ``rundir/lines.py``)."""
 
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Literal
 
-REQUIRED_RECORD_KEYS = (
-    "id",
-    "input_ids",
-    "output_ids",
-    "text",
-    "finish_reason",
-    "prompt_tokens",
-    "completion_tokens",
-    "messages",
-)
+from eagledata.rundir.lines import FailureLine
 
 
 def record_id(dataset: str, row_id: str, sample: int) -> str:
@@ -23,7 +14,7 @@ def record_id(dataset: str, row_id: str, sample: int) -> str:
     return f"{dataset}/{row_id}/{sample}"
 
 
-def failure_entry(
+def failure_line(
     *,
     item_id: str,
     dataset: str,
@@ -32,16 +23,16 @@ def failure_entry(
     reason: str,
     message: str,
     attempts: int,
-    status: str = "failed",
-) -> dict[str, Any]:
-    return {
-        "id": item_id,
-        "status": status,
-        "reason": reason,
-        "message": message,
-        "dataset": dataset,
-        "row_id": row_id,
-        "sample": sample,
-        "attempts": attempts,
-        "time": time.time(),
-    }
+    status: Literal["failed", "skipped"] = "failed",
+) -> FailureLine:
+    return FailureLine(
+        id=item_id,
+        status=status,
+        reason=reason,
+        message=message,
+        dataset=dataset,
+        row_id=row_id,
+        sample=sample,
+        attempts=attempts,
+        time=time.time(),
+    )

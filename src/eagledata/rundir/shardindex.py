@@ -31,7 +31,9 @@ from typing import Any
 
 import orjson
 
+from eagledata.atomic import atomic_write
 from eagledata.errors import StorageError
+from eagledata.rundir.lines import LineError, ShardIndexLine
 
 INDEX_VERSION = 1
 INDEX_SUFFIX = ".idx.json"
@@ -72,28 +74,29 @@ class ShardIndex:
     def records(self) -> int:
         return len(self.ids)
 
-    def body(self) -> dict[str, Any]:
-        return {
-            "version": INDEX_VERSION,
-            "shard": self.shard,
-            "size": self.size,
-            "mtime_ns": self.mtime_ns,
-            "checksum": self.checksum,
-            "records": self.records,
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.completion_tokens,
-            "finish_reasons": self.finish_reasons,
-            "flags": self.flags,
-            "flagged": self.flagged,
-            "invalid_lines": self.invalid_lines,
-            "ids": self.ids,
-            "completion_lengths": self.completion_lengths,
-            "created_at": self.created_at,
-            "spec_verify_ct": self.spec_verify_ct,
-        }
+    def line(self) -> ShardIndexLine:
+        """The index as its run-directory line (``rundir/lines.py``), without its digest."""
+        return ShardIndexLine(
+            version=INDEX_VERSION,
+            shard=self.shard,
+            size=self.size,
+            mtime_ns=self.mtime_ns,
+            checksum=self.checksum,
+            records=self.records,
+            prompt_tokens=self.prompt_tokens,
+            completion_tokens=self.completion_tokens,
+            finish_reasons=self.finish_reasons,
+            flags=self.flags,
+            flagged=self.flagged,
+            invalid_lines=self.invalid_lines,
+            ids=self.ids,
+            completion_lengths=self.completion_lengths,
+            created_at=self.created_at,
+            spec_verify_ct=self.spec_verify_ct,
+        )
 
     def to_bytes(self) -> bytes:
-        body = self.body()
+        body = _body(self.line())
         return orjson.dumps({**body, "digest": _digest(body)}, option=orjson.OPT_SORT_KEYS)
 
     @classmethod
@@ -105,29 +108,29 @@ class ShardIndex:
             raise IndexRejected(TORN, "not valid JSON") from None
         if not isinstance(raw, dict) or raw.get("version") != INDEX_VERSION:
             raise IndexRejected(TORN, f"not a version {INDEX_VERSION} index")
-        digest = raw.pop("digest", None)
-        if digest != _digest(raw):
-            raise IndexRejected(FORGED, "its digest does not match its content")
         try:
-            index = cls(
-                shard=str(raw["shard"]),
-                size=int(raw["size"]),
-                mtime_ns=int(raw["mtime_ns"]),
-                checksum=str(raw["checksum"]),
-                ids=list(raw["ids"]),
-                prompt_tokens=int(raw["prompt_tokens"]),
-                completion_tokens=int(raw["completion_tokens"]),
-                finish_reasons=dict(raw["finish_reasons"]),
-                flags=dict(raw["flags"]),
-                completion_lengths=list(raw["completion_lengths"]),
-                created_at=list(raw["created_at"]),
-                spec_verify_ct=list(raw["spec_verify_ct"]),
-                flagged=int(raw["flagged"]),
-                invalid_lines=int(raw["invalid_lines"]),
-            )
-        except (KeyError, TypeError, ValueError) as exc:
+            line = ShardIndexLine.from_object(raw)
+        except LineError as exc:
             raise IndexRejected(FORGED, f"a field is missing or mistyped ({exc})") from None
-        index.check_consistent(int(raw["records"]))
+        if line.digest != _digest(_body(line)):
+            raise IndexRejected(FORGED, "its digest does not match its content")
+        index = cls(
+            shard=line.shard,
+            size=line.size,
+            mtime_ns=line.mtime_ns,
+            checksum=line.checksum,
+            ids=line.ids,
+            prompt_tokens=line.prompt_tokens,
+            completion_tokens=line.completion_tokens,
+            finish_reasons=line.finish_reasons,
+            flags=line.flags,
+            completion_lengths=line.completion_lengths,
+            created_at=line.created_at,
+            spec_verify_ct=line.spec_verify_ct,
+            flagged=line.flagged,
+            invalid_lines=line.invalid_lines,
+        )
+        index.check_consistent(line.records)
         return index
 
     def check_consistent(self, records: int) -> None:
@@ -156,6 +159,11 @@ class IndexRejected(Exception):
         super().__init__(f"{kind}: {detail}")
         self.kind = kind
         self.detail = detail
+
+
+def _body(line: ShardIndexLine) -> dict[str, Any]:
+    """What the digest covers: every field but the digest."""
+    return {name: value for name, value in line.__dict__.items() if name != "digest"}
 
 
 def _digest(body: dict[str, Any]) -> str:
@@ -259,20 +267,9 @@ def build_index(shard: Path) -> ShardIndex:
 def write_index(shard: Path, index: ShardIndex) -> None:
     """Write ``index`` next to ``shard`` atomically (a unique temporary name, fsync, rename)."""
     path = index_path(shard)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        with tmp.open("wb") as handle:
-            handle.write(index.to_bytes())
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-        folder = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(folder)
-        finally:
-            os.close(folder)
+        atomic_write(path, index.to_bytes())
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
         hint = exc.strerror or str(exc)
         raise StorageError(f"cannot write {path}: {hint} (the shard is intact)") from None
 

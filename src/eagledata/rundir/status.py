@@ -12,9 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 from eagledata.rundir.journal import iter_jsonl_lines
+from eagledata.rundir.lines import LineError, QualityLine, TelemetryLine
 from eagledata.rundir.manifest import RunDir, RunTotals, scan_totals
 from eagledata.rundir.telemetry import TELEMETRY_FILE, lane_name
 
@@ -138,16 +137,14 @@ def canary_summary(path: Path, manifest: dict[str, Any]) -> dict[str, Any]:
         return summary
     for line in iter_jsonl_lines(ledger):
         try:
-            entry = orjson.loads(line)
-        except orjson.JSONDecodeError:
+            entry = QualityLine.parse(line)
+        except LineError:
             continue
-        if not isinstance(entry, dict):
-            continue
-        if entry.get("kind") == "baseline":
+        if entry.kind == "baseline":
             summary["baseline"] += 1
             continue
         summary["checks"] += 1
-        verdict = entry.get("verdict")
+        verdict = entry.verdict
         if verdict == "pass":
             summary["passed"] += 1
         elif verdict == "error":
@@ -156,7 +153,7 @@ def canary_summary(path: Path, manifest: dict[str, Any]) -> dict[str, Any]:
             summary["fired"] += 1
         else:
             summary["failed"] += 1
-        summary["last"] = entry
+        summary["last"] = entry.model_dump(mode="json")
     return summary
 
 
@@ -185,11 +182,10 @@ def latest_load(path: Path) -> dict[str, Any] | None:
     latest: dict[str, Any] = {}
     for line in data.splitlines():
         try:
-            sample = orjson.loads(line)
-        except orjson.JSONDecodeError:
+            sample = TelemetryLine.parse(line)
+        except LineError:
             continue
-        if isinstance(sample, dict) and isinstance(sample.get("server"), str):
-            latest[lane_key(sample)] = sample
+        latest[lane_name(sample.server, sample.rank)] = sample.model_dump(mode="json")
     return latest or None
 
 

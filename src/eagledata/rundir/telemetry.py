@@ -8,12 +8,12 @@ long the run. ``status`` reads the last whole line per lane (``rundir/status.py`
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
-import orjson
+from eagledata.rundir.lines import LineError, TelemetryLine
 
 TELEMETRY_FILE = "telemetry.jsonl"
 ROTATED_FILE = "telemetry.1.jsonl"
@@ -35,8 +35,8 @@ class TelemetryLog:
             self._size = os.fstat(self._fd).st_size
         return self._fd
 
-    def append(self, entry: dict[str, Any]) -> None:
-        line = orjson.dumps(entry) + b"\n"
+    def append(self, entry: TelemetryLine) -> None:
+        line = entry.dump() + b"\n"
         fd = self._open()
         if self._size and self._size + len(line) > self.max_bytes:
             os.close(fd)
@@ -52,8 +52,8 @@ class TelemetryLog:
             self._fd = None
 
 
-def read_telemetry(run_dir: Path) -> Iterator[dict[str, Any]]:
-    """Every whole line, oldest first (the rotated file, then the live one)."""
+def read_telemetry(run_dir: Path) -> Iterator[TelemetryLine]:
+    """Every whole line that parses, oldest first (the rotated file, then the live one)."""
     for name in (ROTATED_FILE, TELEMETRY_FILE):
         path = run_dir / name
         try:
@@ -61,12 +61,8 @@ def read_telemetry(run_dir: Path) -> Iterator[dict[str, Any]]:
         except FileNotFoundError:
             continue
         for line in data[: data.rfind(b"\n") + 1].splitlines():
-            try:
-                entry = orjson.loads(line)
-            except orjson.JSONDecodeError:
-                continue
-            if isinstance(entry, dict):
-                yield entry
+            with contextlib.suppress(LineError):
+                yield TelemetryLine.parse(line)
 
 
 def lane_name(server: str, rank: int | None) -> str:

@@ -16,8 +16,8 @@ import orjson
 
 from eagledata.rundir.idset import CompactIdSet
 from eagledata.rundir.journal import iter_jsonl_lines
+from eagledata.rundir.lines import LineError, RecordLine
 from eagledata.rundir.manifest import RunDir, pending_journals, sealed_shards, shard_indexes
-from eagledata.rundir.records import REQUIRED_RECORD_KEYS
 from eagledata.rundir.shardindex import (
     IndexBuilder,
     IndexRejected,
@@ -46,34 +46,25 @@ class VerifyReport:
 
 
 def _check_record(record: object, where: str, report: VerifyReport) -> str | None:
-    if not isinstance(record, dict):
-        report.add(f"{where}: not a JSON object")
+    """The line against the record contract (``rundir/lines.py``), then SGLang's own counts."""
+    try:
+        line = RecordLine.from_object(record)
+    except LineError as exc:
+        report.add(f"{where}: not a record ({exc})")
         return None
-    missing = [key for key in REQUIRED_RECORD_KEYS if key not in record]
-    if missing:
-        report.add(f"{where}: missing {', '.join(missing)}")
-        return None
-    input_ids, output_ids = record["input_ids"], record["output_ids"]
-    if not (isinstance(input_ids, list) and all(type(t) is int for t in input_ids)):
-        report.add(f"{where}: input_ids is not a list of ints")
-    elif record["prompt_tokens"] != len(input_ids):
-        report.add(f"{where}: prompt_tokens {record['prompt_tokens']} != {len(input_ids)} ids")
-    if not (isinstance(output_ids, list) and all(type(t) is int for t in output_ids)):
-        report.add(f"{where}: output_ids is not a list of ints")
-    elif record["completion_tokens"] != len(output_ids):
+    if line.prompt_tokens != len(line.input_ids):
+        report.add(f"{where}: prompt_tokens {line.prompt_tokens} != {len(line.input_ids)} ids")
+    if line.completion_tokens != len(line.output_ids):
         report.add(
-            f"{where}: completion_tokens {record['completion_tokens']} != {len(output_ids)} ids"
+            f"{where}: completion_tokens {line.completion_tokens} != {len(line.output_ids)} ids"
         )
     elif (
-        record["finish_reason"] == "stop"
-        and isinstance(record.get("matched_token_id"), int)
-        and (not output_ids or output_ids[-1] != record["matched_token_id"])
+        line.finish_reason == "stop"
+        and line.matched_token_id is not None
+        and (not line.output_ids or line.output_ids[-1] != line.matched_token_id)
     ):
         report.add(f"{where}: finish 'stop' but the matched token is not the last output id")
-    if record["finish_reason"] not in ("stop", "length"):
-        report.add(f"{where}: finish_reason {record['finish_reason']!r} is not stop or length")
-    item_id = record["id"]
-    return item_id if isinstance(item_id, str) else None
+    return line.id
 
 
 class _Claims:

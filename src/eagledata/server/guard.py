@@ -13,9 +13,8 @@ from __future__ import annotations
 import time
 from typing import Protocol
 
-import orjson
-
 from eagledata.errors import ServerRefusedError, ServerUnavailableError
+from eagledata.rundir.lines import CheckLine
 from eagledata.server.client import SGLangClient
 from eagledata.server.serverfacts import GuardVerdict, ServerFacts, evaluate_kv_guard
 
@@ -123,16 +122,16 @@ class KVGuard:
     ) -> None:
         if self.check_log is None:
             return
-        entry = {
-            "time": time.time(),
-            "server": url,
-            "via": via,
-            "ok": verdict.ok,
-            "problems": verdict.problems,
-            "model_path": facts.model_path,
-            "kv_cache_dtype": facts.kv_cache_dtype,
-            "internal_kv_dtypes": verdict.kv_dtypes,
-            "bytes_per_token": verdict.bytes_per_token,
-            "max_total_num_tokens": facts.max_total_num_tokens,
-        }
-        self.check_log.append(orjson.dumps(entry))
+        line = CheckLine(
+            time=time.time(),
+            server=url,
+            via=via,
+            ok=verdict.ok,
+            problems=verdict.problems,
+            model_path=facts.model_path,
+            kv_cache_dtype=facts.kv_cache_dtype,
+            internal_kv_dtypes=verdict.kv_dtypes,
+            bytes_per_token=verdict.bytes_per_token,
+            max_total_num_tokens=facts.max_total_num_tokens,
+        )
+        self.check_log.append(line.dump())

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 
@@ -28,13 +28,16 @@ def new_rid() -> str:
     return RID_PREFIX + uuid.uuid4().hex
 
 
+FinishReason = Literal["stop", "length"]
+
+
 @dataclass(frozen=True, slots=True)
 class GenerateResult:
     rid: str
     server: str
     output_ids: list[int]
     text: str
-    finish_reason: str
+    finish_reason: FinishReason
     matched: int | str | None
     prompt_tokens: int
     completion_tokens: int
@@ -78,7 +81,11 @@ def parse_generate_item(item: Any, input_ids: list[int], rid: str, server: str) 
     if kind == "abort":
         message = finish.get("message") if isinstance(finish, dict) else None
         raise RetryableItemError(f"server aborted the request: {message}", reason="server_abort")
-    if kind not in ("stop", "length"):
+    if kind == "stop":
+        finish_reason: FinishReason = "stop"
+    elif kind == "length":
+        finish_reason = "length"
+    else:
         raise ContractViolationError(f"unknown finish_reason {finish!r}")
     prompt_tokens = meta.get("prompt_tokens")
     completion_tokens = meta.get("completion_tokens")
@@ -100,7 +107,7 @@ def parse_generate_item(item: Any, input_ids: list[int], rid: str, server: str) 
         server=server,
         output_ids=output_ids,
         text=text if isinstance(text, str) else "",
-        finish_reason=kind,
+        finish_reason=finish_reason,
         matched=finish.get("matched") if kind == "stop" and isinstance(finish, dict) else None,
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,

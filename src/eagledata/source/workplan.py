@@ -12,11 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Container, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Literal
 
 from eagledata.errors import ItemError
 from eagledata.rundir.idset import CompactIdSet
-from eagledata.rundir.records import failure_entry, record_id
+from eagledata.rundir.lines import FailureLine
+from eagledata.rundir.records import failure_line, record_id
 from eagledata.source.dataset import ResolvedDataset, iter_rows
 from eagledata.source.prompts import Message, to_messages
 from eagledata.source.tokenization import LengthLimit, PromptTokenizer, check_length
@@ -35,7 +36,7 @@ class WorkItem:
 class Outcome:
     """A plan entry that ends without a request: a bad row, an over-long prompt, a duplicate."""
 
-    entry: dict[str, Any]
+    entry: FailureLine
 
 
 class WorkPlan(Iterator[WorkItem | Outcome]):
@@ -110,11 +111,11 @@ class WorkPlan(Iterator[WorkItem | Outcome]):
         todo: list[tuple[int, str]],
         reason: str,
         message: str,
-        status: str = "failed",
+        status: Literal["failed", "skipped"] = "failed",
     ) -> Iterator[Outcome]:
         """One failure-file entry per sample of a row that will not be sent."""
         for sample, item_id in todo:
-            entry = failure_entry(
+            entry = failure_line(
                 item_id=item_id,
                 dataset=self.dataset.name,
                 row_id=row_id,

@@ -1,0 +1,301 @@
+"""The contract of every line eagledata writes into a run directory, in one place.
+
+Each kind of line is one frozen pydantic model: writers build it (a misspelled or mistyped field
+fails where it is built, and mypy sees the keywords), ``dump`` turns it into the bytes of one line,
+and readers ``parse`` those bytes back into the same model, or get ``LineError`` naming the line's
+problem. The field descriptions here are the schema's documentation:
+``docs/run-directory.md``'s field lists are generated from them (``scripts/gen_docs.py``; a test
+fails when the doc and the models disagree).
+
+Adding a field: add it here with a description (and a default, so the lines of older runs still
+parse), set it where the line is built, run ``python scripts/gen_docs.py``. A change that older
+readers cannot take (a field removed, renamed or retyped) also raises that line's ``SCHEMA``,
+which ``run.json`` records (``line_schemas``) for every run it starts.
+
+| line | file | written by |
+|---|---|---|
+| ``RecordLine`` | ``shards/*.jsonl`` (``pending/`` while open) | ``run/records.py`` |
+| ``FailureLine`` | ``failures.jsonl`` | ``rundir/records.py`` (``failure_line``) |
+| ``CheckLine`` | ``checks.jsonl`` | ``server/guard.py`` |
+| ``QualityLine`` | ``quality.jsonl`` | ``quality/canary.py`` |
+| ``TelemetryLine`` | ``telemetry.jsonl`` | ``run/telemetry.py`` |
+| ``ShardIndexLine`` | ``shards/*.idx.json`` | ``rundir/shardindex.py`` |
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal, Self
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+
+class LineError(ValueError):
+    """A line that does not parse as its model: not JSON, a field missing, mistyped or unknown."""
+
+
+class Line(BaseModel):
+    """One line of a run-directory file: frozen, and no field the contract does not name."""
+
+    # strict: an id is an int, never "12" or 12.0 coerced into one
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    SCHEMA: ClassVar[int] = 1
+    FILE: ClassVar[str] = ""
+    """Where lines of this kind live, relative to the run directory (a glob for shards)."""
+
+    def dump(self) -> bytes:
+        """The line's bytes, without the newline: fields in their declared order."""
+        return orjson.dumps(self.__dict__, default=_nested)
+
+    @classmethod
+    def parse(cls, data: bytes | str) -> Self:
+        """The line as its model; ``LineError`` with the first problem if it is not one."""
+        try:
+            return cls.model_validate_json(data)
+        except ValidationError as exc:
+            raise LineError(_first_problem(exc)) from None
+
+    @classmethod
+    def from_object(cls, value: object) -> Self:
+        """An already-parsed JSON object as the model; ``LineError`` if it is not one."""
+        try:
+            return cls.model_validate(value)
+        except ValidationError as exc:
+            raise LineError(_first_problem(exc)) from None
+
+
+def _nested(value: object) -> object:
+    if isinstance(value, BaseModel):
+        return value.__dict__
+    raise TypeError(f"{type(value).__name__} is not part of a run-directory line")
+
+
+def _first_problem(exc: ValidationError) -> str:
+    error = exc.errors(include_url=False)[0]
+    if error["type"] == "json_invalid":
+        return "not valid JSON"
+    if error["type"] == "model_type":  # valid JSON, but not an object
+        return "not a JSON object"
+    where = ".".join(str(part) for part in error["loc"]) or "the line"
+    return f"{where}: {error['msg']}"
+
+
+# --- records and failures: what the plan's items ended as -----------------------------------
+
+
+class RecordLine(Line):
+    """One generated answer: exactly the ids sent and the ids returned, and where they came
+    from. ``id`` comes first, so a reader that wants only ids can stop parsing early."""
+
+    FILE: ClassVar[str] = "shards/*.jsonl"
+
+    id: str = Field(description="`dataset/row_id/sample`: stable and unique in the run")
+    dataset: str = Field(description="the dataset's name, as in the config or the file's stem")
+    row_id: str = Field(description="the source row's stable id within its dataset")
+    sample: int = Field(description="the sample index, 0 to `samples_per_prompt - 1`")
+    finish_reason: Literal["stop", "length"] = Field(
+        description="`stop` (the model ended it) or `length` (cut at `max_new_tokens`)"
+    )
+    prompt_tokens: int = Field(description="SGLang's count of the prompt: `len(input_ids)`")
+    completion_tokens: int = Field(description="SGLang's count of the answer: `len(output_ids)`")
+    created_at: float = Field(
+        default=0.0, description="unix seconds when the response completed (not when written)"
+    )
+    messages: list[dict[str, Any]] = Field(
+        description="the prompt's messages, exactly as rendered into `input_ids`"
+    )
+    input_ids: list[int] = Field(description="exactly the ids sent")
+    output_ids: list[int] = Field(description="exactly the ids returned, stop token included")
+    text: str = Field(description="the answer's text as the server decoded it")
+    flags: list[str] | None = Field(
+        default=None,
+        description="what a trainer should know of the answer (`truncated`, `empty`, "
+        "`degenerate`, `roundtrip_mismatch`, `unbalanced_think`); empty when clean, absent "
+        "only in records written before flags existed",
+    )
+    matched_token_id: int | None = Field(
+        default=None, description="the stop token that ended it (null for a stop string)"
+    )
+    cached_tokens: int | None = Field(
+        default=None, description="prompt tokens the server found in its prefix cache"
+    )
+    server: str | None = Field(default=None, description="the server URL that answered")
+    rid: str | None = Field(default=None, description="the request id sent to SGLang")
+    weight_version: str | None = Field(default=None, description="SGLang's `weight_version`")
+    e2e_latency: float | None = Field(
+        default=None, description="SGLang's end-to-end latency of the request, seconds"
+    )
+    spec_verify_ct: int | None = Field(
+        default=None,
+        description="SGLang's speculative verify steps for this answer; null without "
+        "speculative decoding",
+    )
+
+
+class FailureLine(Line):
+    """One (prompt, sample) that ended without a record, and why."""
+
+    FILE: ClassVar[str] = "failures.jsonl"
+
+    id: str = Field(description="the item's record id (`dataset/row_id/sample`)")
+    status: Literal["failed", "skipped"] = Field(
+        default="failed",
+        description="`failed` (counted as failed; `resume --retry-failed` tries it again) or "
+        "`skipped` (the plan leaves it out on purpose, e.g. a duplicate id)",
+    )
+    reason: str = Field(description="the short cause: `bad_row`, `prompt_too_long`, ...")
+    message: str = Field(description="one line saying what went wrong")
+    dataset: str = Field(description="the dataset's name")
+    row_id: str = Field(description="the source row's id")
+    sample: int = Field(description="the sample index")
+    attempts: int = Field(description="requests sent for it (0: it never reached a server)")
+    time: float = Field(description="unix seconds when it ended")
+
+
+# --- checks of the servers ----------------------------------------------------------------
+
+
+class CheckLine(Line):
+    """One KV-guard check of one server (a router's workers are checked one by one)."""
+
+    FILE: ClassVar[str] = "checks.jsonl"
+
+    time: float = Field(description="unix seconds of the check")
+    server: str = Field(description="the server (or worker) URL checked")
+    via: str | None = Field(default=None, description="the router it was checked behind")
+    ok: bool = Field(description="the bf16 verdict")
+    problems: list[str] = Field(description="why it was refused; empty when ok")
+    model_path: str | None = Field(default=None, description="the model the server serves")
+    kv_cache_dtype: str | None = Field(default=None, description="the requested KV dtype")
+    internal_kv_dtypes: list[str] = Field(
+        default=[], description="every `internal_states[i].kv_cache_dtype` the server reported"
+    )
+    bytes_per_token: float | None = Field(
+        default=None, description="KV bytes per token measured from the server's memory report"
+    )
+    max_total_num_tokens: int | None = Field(default=None, description="the KV pool, in tokens")
+
+
+class RankLine(BaseModel):
+    """One DP rank's own verdict inside a canary check."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    rank: int = Field(description="the DP rank")
+    stats: dict[str, float] = Field(description="its references against its baseline share")
+    thresholds: dict[str, float] = Field(description="the thresholds of its share")
+    fired: list[str] = Field(description="its statistics past their thresholds (empty: none)")
+
+
+class QualityLine(Line):
+    """One canary scoring: a baseline run, or a check against the baseline."""
+
+    FILE: ClassVar[str] = "quality.jsonl"
+
+    time: float = Field(description="unix seconds")
+    server: str = Field(description="the server URL scored")
+    kind: Literal["baseline", "check"] = Field(description="`baseline` or `check`")
+    trigger: str = Field(
+        description="baseline: `idle` or `load`; check: `start`, `period`, `reconnect`, "
+        "`server_info`, `held`, `end` or `rerun`"
+    )
+    verdict: str = Field(description="`pass`, `fired`, `drift`, `mismatch` or `error`")
+    stats: dict[str, float] = Field(description="the statistics against the baseline")
+    thresholds: dict[str, float] = Field(description="one threshold per statistic")
+    reason: str = Field(default="", description="what fired, or the error")
+    requests: int = Field(default=0, description="requests the scoring sent")
+    prompt_tokens: int = Field(default=0, description="prompt tokens it sent")
+    seconds: float = Field(default=0.0, description="how long it took")
+    cold: int = Field(default=0, description="references scored without their prefix cached")
+    ranks: list[RankLine] = Field(
+        default=[], description="per DP rank verdicts (a check of a server with several)"
+    )
+
+
+class TelemetryLine(Line):
+    """One lane's load sample: a server, or one DP rank of it."""
+
+    FILE: ClassVar[str] = "telemetry.jsonl"
+
+    time: float = Field(description="unix seconds of the sample")
+    server: str = Field(description="the server URL (a router: its workers together)")
+    rank: int | None = Field(default=None, description="the DP rank; null for a whole server")
+    source: str = Field(
+        description="the signal read: `loads` (`/v1/loads`), `metrics`, `get_load`, or `none`"
+    )
+    token_usage: float | None = Field(default=None, description="the KV pool's used share")
+    num_running_reqs: int | None = Field(default=None, description="requests decoding")
+    num_queue_reqs: int | None = Field(default=None, description="requests in the server queue")
+    gen_throughput: float | None = Field(default=None, description="the server's output tok/s")
+    num_retracted_reqs: int = Field(
+        default=0, description="retractions the controller has seen on the lane this run"
+    )
+    in_flight: int = Field(default=0, description="our requests in flight on the lane")
+    target: int | None = Field(
+        default=None,
+        description="requests the lane holds at its target usage (fixed: `--concurrency`)",
+    )
+    target_usage: float | None = Field(
+        default=None, description="the controller's `u*` (null under a fixed concurrency)"
+    )
+    usage_ceiling: float | None = Field(
+        default=None, description="the `u*` the last retraction happened at, while it holds"
+    )
+    forecast_usage: float | None = Field(
+        default=None, description="the peak pool share forecast for what is in flight"
+    )
+    queue_full: int = Field(default=0, description="503s the lane has had")
+    held_by: dict[str, int] = Field(
+        default={},
+        description="times each gate rule held a request back since the previous line",
+    )
+    spec_accept_length: float | None = Field(
+        default=None, description="the server's measured speculative acceptance length"
+    )
+
+
+# --- the shard index ------------------------------------------------------------------------
+
+
+class ShardIndexLine(Line):
+    """What a run's readers need of one sealed shard, without its records' token ids: a cache,
+    trusted only when it matches its shard (``rundir/shardindex.py``). Lists are per record, in
+    file order. Written with sorted keys and a ``digest`` of the rest."""
+
+    FILE: ClassVar[str] = "shards/*.idx.json"
+
+    version: int = Field(description="the index format's version")
+    shard: str = Field(description="the shard's file name")
+    size: int = Field(description="the shard's size in bytes when indexed")
+    mtime_ns: int = Field(description="the shard's mtime when indexed")
+    checksum: str = Field(description="`blake2b-128:` of the shard's bytes")
+    records: int = Field(description="records in the shard")
+    prompt_tokens: int = Field(description="their prompt tokens")
+    completion_tokens: int = Field(description="their completion tokens")
+    finish_reasons: dict[str, int] = Field(description="records per finish reason")
+    flags: dict[str, int] = Field(description="records carrying each flag")
+    flagged: int = Field(default=0, description="records carrying at least one flag")
+    invalid_lines: int = Field(
+        default=0, description="lines that are not a record with an id (verify reports them)"
+    )
+    ids: list[str] = Field(description="each record's id")
+    completion_lengths: list[int] = Field(description="each record's answer length")
+    created_at: list[float] = Field(description="each record's completion time")
+    spec_verify_ct: list[int] = Field(description="each record's verify count, 0 where none")
+    digest: str = Field(default="", description="blake2b-128 of the object without it")
+
+
+LINE_MODELS: tuple[type[Line], ...] = (
+    RecordLine,
+    FailureLine,
+    CheckLine,
+    QualityLine,
+    TelemetryLine,
+    ShardIndexLine,
+)
+
+
+def line_schemas() -> dict[str, int]:
+    """Each line model's schema version, as ``run.json`` records them."""
+    return {model.__name__: model.SCHEMA for model in LINE_MODELS}
