@@ -532,3 +532,17 @@ def test_a_running_run_exports_its_committed_lines_only(tmp_path: Path) -> None:
     assert ids == ["hand/a/0", "hand/b/0", "hand/c/0"]
     assert run_status(run).written == report.exported == 3
     assert any("has not finished its plan" in w for w in report.warnings)
+
+
+def test_every_registered_format_is_named_in_the_help_of_export() -> None:
+    """The CLI imports the export package only when it runs (a fast --help): its help text
+    names the formats by hand, so it must follow the registry."""
+    from typer.testing import CliRunner
+
+    from eagledata.cli import app
+    from eagledata.export.formats import FORMATS
+
+    result = CliRunner().invoke(app, ["export", "--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0
+    for name in FORMATS:
+        assert name in result.output

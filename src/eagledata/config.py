@@ -222,6 +222,20 @@ class FrozenSettings(Strict):
     expected_model: str | None
     bf16_kv_bytes_per_token: int | None
 
+    @classmethod
+    def of(cls, config: AppConfig, dataset_name: str, dataset: DatasetSettings) -> FrozenSettings:
+        """What a run started with ``config`` on ``dataset`` freezes."""
+        return cls(
+            dataset_name=dataset_name,
+            dataset=dataset,
+            tokenizer=config.tokenizer,
+            generation=config.generation,
+            limit=config.run.limit,
+            shard_size=config.run.shard_size,
+            expected_model=config.server.expected_model,
+            bf16_kv_bytes_per_token=config.server.bf16_kv_bytes_per_token,
+        )
+
     def fingerprint(self) -> str:
         blob = orjson.dumps(
             self.model_dump(mode="json", by_alias=True), option=orjson.OPT_SORT_KEYS

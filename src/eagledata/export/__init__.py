@@ -5,7 +5,8 @@ module per format: ``ids`` (token-faithful JSONL), ``hf`` (the same rows as an H
 ``conversations`` and ``text`` (lossy routes for trainers that re-render; each says what it loses).
 """
 
-from eagledata.export.exporter import FORMATS, ExportOptions, export_runs
+from eagledata.export.exporter import ExportOptions, export_runs
+from eagledata.export.formats import FORMATS
 from eagledata.export.report import ExportReport
 
 __all__ = ["FORMATS", "ExportOptions", "ExportReport", "export_runs"]

@@ -24,7 +24,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from eagledata.export.ids import RowIdentity
+from eagledata.export.format import ExportFormat, RowIdentity
+from eagledata.export.output import write_jsonl
+from eagledata.export.report import ExportReport
 from eagledata.rundir.lines import RecordLine
 
 THINK_START = "<think>"
@@ -123,7 +125,9 @@ def template_drops_reasoning(tokenizer: Any, template_kwargs: dict[str, Any]) ->
 
 
 class ConversationBuilder:
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: Any, template_kwargs: dict[str, Any] | None = None) -> None:
+        self.tokenizer = tokenizer
+        self.template_kwargs = dict(template_kwargs or {})
         self.splitter = ThinkSplitter(tokenizer)
         self.rows_with_reasoning = 0
         self.reasoning_tokens = 0
@@ -144,3 +148,35 @@ class ConversationBuilder:
         if not messages or messages[0]["role"] != "system":
             self.rows_without_system += 1
         return {"id": who.id, "status": "success", "conversations": [*messages, answer]}
+
+    def note(self, report: ExportReport) -> None:
+        drops = template_drops_reasoning(self.tokenizer, self.template_kwargs)
+        report.lossy = {
+            "route": "conversations",
+            "why": "the trainer re-renders the messages with a chat template and re-tokenizes them",
+            "template_drops_reasoning": drops,
+            "rows_with_reasoning": self.rows_with_reasoning,
+            "reasoning_tokens": self.reasoning_tokens,
+            "rows_without_system": self.rows_without_system,
+        }
+        if drops and self.rows_with_reasoning:
+            report.warnings.append(
+                f"the chat template drops reasoning_content when it renders a conversation: a "
+                f"trainer that re-renders these rows trains on none of the "
+                f"{self.reasoning_tokens:,} thinking tokens of {self.rows_with_reasoning:,} "
+                "rows; use --format ids (token-faithful) instead"
+            )
+        if self.rows_without_system:
+            report.warnings.append(
+                f"{self.rows_without_system:,} rows were generated without a system message; "
+                "SpecForge inserts its template's default system prompt into them"
+            )
+
+
+FORMAT = ExportFormat(
+    name="conversations",
+    summary="messages for trainers that re-render (SpecForge offline, ModelOpt): lossy",
+    rows=ConversationBuilder,
+    write=write_jsonl,
+    needs_tokenizer=True,
+)

@@ -5,7 +5,7 @@ write the data atomically, then the side files and the report.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,9 +14,8 @@ import orjson
 
 from eagledata.config import TokenizerSettings
 from eagledata.errors import ExportError
-from eagledata.export.conversations import ConversationBuilder, template_drops_reasoning
-from eagledata.export.hf import write_hf_dataset
-from eagledata.export.ids import RowIdentity, ids_row
+from eagledata.export.format import RowIdentity, RowMaker
+from eagledata.export.formats import FORMATS
 from eagledata.export.output import (
     atomic_target,
     check_target,
@@ -25,7 +24,6 @@ from eagledata.export.output import (
 )
 from eagledata.export.report import ExportReport, RunCounts, add_generation_outcomes
 from eagledata.export.selection import DUPLICATE, Selection
-from eagledata.export.text import TextBuilder
 from eagledata.export.vocab import (
     check_torch_available,
     count_supervised,
@@ -35,9 +33,6 @@ from eagledata.export.vocab import (
 )
 from eagledata.rundir.lines import RecordLine
 from eagledata.rundir.reader import RunRecords
-
-FORMATS = ("ids", "hf", "conversations", "text")
-RowBuilder = Callable[[RecordLine, RowIdentity], "dict[str, Any] | str"]
 
 
 @dataclass(frozen=True)
@@ -105,7 +100,7 @@ def _identity(record: RecordLine, label: str | None) -> RowIdentity:
 def _rows(
     runs: list[RunRecords],
     selection: Selection,
-    build: RowBuilder,
+    maker: RowMaker,
     report: ExportReport,
     counts: Counter[int] | None,
 ) -> Iterator[dict[str, Any]]:
@@ -122,7 +117,7 @@ def _rows(
             reason = selection.skip_reason(record)
             if reason is None and who.id in seen:
                 reason = DUPLICATE
-            row = build(record, who) if reason is None else reason
+            row = maker.row(record, who) if reason is None else reason
             if isinstance(row, str):
                 report.skipped_row(counts_of_run, row, who.id)
                 continue
@@ -147,15 +142,9 @@ def _rows(
             )
 
 
-def _write_jsonl(rows: Iterator[dict[str, Any]], path: Path) -> None:
-    with path.open("wb", buffering=1 << 20) as handle:
-        for row in rows:
-            handle.write(orjson.dumps(row))
-            handle.write(b"\n")
-
-
 def export_runs(run_dirs: Sequence[Path], out: Path, options: ExportOptions) -> ExportReport:
-    if options.format not in FORMATS:
+    chosen = FORMATS.get(options.format)
+    if chosen is None:
         raise ExportError(
             f"--format {options.format}: unknown format; use one of {', '.join(FORMATS)}"
         )
@@ -163,40 +152,29 @@ def export_runs(run_dirs: Sequence[Path], out: Path, options: ExportOptions) -> 
     if options.draft_vocab_size is not None:
         check_torch_available()
     runs = _open_runs(run_dirs)
-    is_dir = options.format == "hf"
-    check_target(out, is_dir=is_dir, force=options.force, run_dirs=[r.path for r in runs])
+    check_target(
+        out, is_dir=chosen.writes_folder, force=options.force, run_dirs=[r.path for r in runs]
+    )
 
     tokenizer: Any = None
     template_kwargs: dict[str, Any] = {}
-    if options.format in ("conversations", "text") or options.draft_vocab_size is not None:
+    if chosen.needs_tokenizer or options.draft_vocab_size is not None:
         tokenizer, template_kwargs = _tokenizer(runs, options.tokenizer)
 
     report = ExportReport(
-        format=options.format,
+        format=chosen.name,
         output=str(out),
         report_path=str(side_path(out, "export.json")),
         excluded_flags=sorted(selection.excluded),
         max_length=selection.max_length,
     )
-    conversations: ConversationBuilder | None = None
-    build: RowBuilder
-    if options.format == "conversations":
-        conversations = ConversationBuilder(tokenizer)
-        build = conversations.row
-    elif options.format == "text":
-        build = TextBuilder(tokenizer).row
-    else:
-        build = ids_row
-
+    maker = chosen.rows(tokenizer, template_kwargs)
     counts: Counter[int] | None = (
         Counter() if options.token_counts or options.draft_vocab_size is not None else None
     )
-    rows = _rows(runs, selection, build, report, counts)
-    with atomic_target(out, is_dir=is_dir) as tmp:
-        if is_dir:
-            write_hf_dataset(rows, tmp)
-        else:
-            _write_jsonl(rows, tmp)
+    rows = _rows(runs, selection, maker, report, counts)
+    with atomic_target(out, is_dir=chosen.writes_folder) as tmp:
+        chosen.write(rows, tmp)
     report.files["data"] = str(out)
 
     if counts is not None and options.token_counts:
@@ -209,45 +187,9 @@ def export_runs(run_dirs: Sequence[Path], out: Path, options: ExportOptions) -> 
         write_vocab_mapping(d2t, t2d, path)
         report.files["vocab mapping"] = str(path)
 
-    if conversations is not None:
-        _note_conversations(report, conversations, tokenizer, template_kwargs)
-    elif options.format == "text":
-        report.lossy = {
-            "route": "text",
-            "why": "the trainer re-tokenizes the text and builds its mask from its template's "
-            "assistant pattern; rows that do not re-encode to the exact ids were skipped",
-        }
+    maker.note(report)
     write_bytes_atomic(
         Path(report.report_path),
         orjson.dumps(report.to_json(), option=orjson.OPT_INDENT_2),
     )
     return report
-
-
-def _note_conversations(
-    report: ExportReport,
-    builder: ConversationBuilder,
-    tokenizer: Any,
-    template_kwargs: dict[str, Any],
-) -> None:
-    drops = template_drops_reasoning(tokenizer, template_kwargs)
-    report.lossy = {
-        "route": "conversations",
-        "why": "the trainer re-renders the messages with a chat template and re-tokenizes them",
-        "template_drops_reasoning": drops,
-        "rows_with_reasoning": builder.rows_with_reasoning,
-        "reasoning_tokens": builder.reasoning_tokens,
-        "rows_without_system": builder.rows_without_system,
-    }
-    if drops and builder.rows_with_reasoning:
-        report.warnings.append(
-            f"the chat template drops reasoning_content when it renders a conversation: a "
-            f"trainer that re-renders these rows trains on none of the "
-            f"{builder.reasoning_tokens:,} thinking tokens of {builder.rows_with_reasoning:,} "
-            "rows; use --format ids (token-faithful) instead"
-        )
-    if builder.rows_without_system:
-        report.warnings.append(
-            f"{builder.rows_without_system:,} rows were generated without a system message; "
-            "SpecForge inserts its template's default system prompt into them"
-        )

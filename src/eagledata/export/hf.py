@@ -18,6 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from eagledata.errors import EagledataError
+from eagledata.export.format import ExportFormat, RowIdentity
+from eagledata.export.ids import IdsRows, ids_row
+from eagledata.rundir.lines import RecordLine
 
 # Rows per Arrow record batch: a row of ~5k tokens costs ~200 kB as Python objects, so 64 rows
 # keep the writer's buffer around 13 MB (datasets' default of 1,000 would hold ~200 MB).
@@ -50,7 +53,7 @@ def hf_row(ids_row: dict[str, Any]) -> dict[str, Any]:
 
 
 def write_hf_dataset(rows: Iterator[dict[str, Any]], target: Path) -> None:
-    """Write ``rows`` (``ids`` rows) as a ``save_to_disk`` folder at ``target`` (must not exist)."""
+    """Write ``rows`` (``hf_row``s) as a ``save_to_disk`` folder at ``target`` (must not exist)."""
     from datasets import Dataset
     from datasets.exceptions import DatasetGenerationError
     from datasets.utils.logging import disable_progress_bar
@@ -58,8 +61,7 @@ def write_hf_dataset(rows: Iterator[dict[str, Any]], target: Path) -> None:
     disable_progress_bar()  # the export prints its own report; datasets' bars go to a log
 
     def generate() -> Iterator[dict[str, Any]]:
-        for row in rows:
-            yield hf_row(row)
+        yield from rows
 
     cache = Path(tempfile.mkdtemp(prefix=".eagledata-hf-cache-", dir=target.parent))
     try:
@@ -84,3 +86,19 @@ def write_hf_dataset(rows: Iterator[dict[str, Any]], target: Path) -> None:
         raise
     finally:
         shutil.rmtree(cache, ignore_errors=True)
+
+
+class HfRows(IdsRows):
+    """The ``ids`` rows, with ``seq_len``: exact, nothing to note."""
+
+    def row(self, record: RecordLine, who: RowIdentity) -> dict[str, Any] | str:
+        return hf_row(ids_row(record, who))
+
+
+FORMAT = ExportFormat(
+    name="hf",
+    summary="the ids rows as an HF dataset folder (load_from_disk, push_to_hub)",
+    rows=lambda tokenizer, template_kwargs: HfRows(),
+    write=write_hf_dataset,
+    writes_folder=True,
+)

@@ -15,19 +15,12 @@ infer one schema.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
+from eagledata.export.format import ExportFormat, RowIdentity
+from eagledata.export.output import write_jsonl
+from eagledata.export.report import ExportReport
 from eagledata.rundir.lines import RecordLine
-
-
-@dataclass(frozen=True, slots=True)
-class RowIdentity:
-    """Who a row is in the export: unique across every run exported together."""
-
-    id: str
-    primary_id: str
-    run: str
 
 
 def ids_row(record: RecordLine, who: RowIdentity) -> dict[str, Any]:
@@ -46,3 +39,21 @@ def ids_row(record: RecordLine, who: RowIdentity) -> dict[str, Any]:
             "completion_tokens": len(output),
         },
     }
+
+
+class IdsRows:
+    """The exact route: nothing is lost, nothing to note."""
+
+    def row(self, record: RecordLine, who: RowIdentity) -> dict[str, Any] | str:
+        return ids_row(record, who)
+
+    def note(self, report: ExportReport) -> None:
+        return None
+
+
+FORMAT = ExportFormat(
+    name="ids",
+    summary="token-faithful JSONL: SpecForge data.prompts_path, speculators --data",
+    rows=lambda tokenizer, template_kwargs: IdsRows(),
+    write=write_jsonl,
+)

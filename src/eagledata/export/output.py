@@ -12,6 +12,9 @@ import contextlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
+
+import orjson
 
 from eagledata.atomic import atomic_path, atomic_write
 from eagledata.errors import ExportError
@@ -74,3 +77,11 @@ def write_bytes_atomic(path: Path, data: bytes) -> None:
         atomic_write(path, data)
     except OSError as exc:
         raise _cannot_write(path, exc) from None
+
+
+def write_jsonl(rows: Iterator[dict[str, Any]], path: Path) -> None:
+    """One JSON object a line (``atomic_path`` fsyncs the file before it is renamed in)."""
+    with path.open("wb", buffering=1 << 20) as handle:
+        for row in rows:
+            handle.write(orjson.dumps(row))
+            handle.write(b"\n")

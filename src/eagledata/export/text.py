@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from eagledata.export.ids import RowIdentity
+from eagledata.export.format import ExportFormat, RowIdentity
+from eagledata.export.output import write_jsonl
+from eagledata.export.report import ExportReport
 from eagledata.rundir.lines import RecordLine
 
 ROUNDTRIP_MISMATCH = "roundtrip_mismatch"
@@ -31,3 +33,19 @@ class TextBuilder:
         if list(self.tokenizer.encode(text, add_special_tokens=False)) != ids:
             return ROUNDTRIP_MISMATCH
         return {"id": who.id, "text": text}
+
+    def note(self, report: ExportReport) -> None:
+        report.lossy = {
+            "route": "text",
+            "why": "the trainer re-tokenizes the text and builds its mask from its template's "
+            "assistant pattern; rows that do not re-encode to the exact ids were skipped",
+        }
+
+
+FORMAT = ExportFormat(
+    name="text",
+    summary="preformatted text (SpecForge is_preformatted): lossy, re-tokenized",
+    rows=lambda tokenizer, template_kwargs: TextBuilder(tokenizer),
+    write=write_jsonl,
+    needs_tokenizer=True,
+)

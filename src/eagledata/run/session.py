@@ -23,10 +23,10 @@ from eagledata.run.attempts import ItemSender
 from eagledata.run.canary_setup import start_canary
 from eagledata.run.first_contact import first_contact, load_controller
 from eagledata.run.holding import HoldAndRelease
-from eagledata.run.loadcontrol import LoadController
 from eagledata.run.progress import Progress, Summary
 from eagledata.run.records import make_record
 from eagledata.run.scheduler import RetryPolicy, Scheduler
+from eagledata.run.session_state import SessionFiles, SessionParts
 from eagledata.run.signals import first_fatal, stop_on_signals, write_task_dump
 from eagledata.run.writer import FailureLog, ShardWriter
 from eagledata.rundir.journal import Journal
@@ -35,6 +35,7 @@ from eagledata.rundir.status import canary_line, canary_summary
 from eagledata.rundir.telemetry import TelemetryLog
 from eagledata.server.client import SGLangClient
 from eagledata.server.guard import KVGuard
+from eagledata.server.responses import GenerateResult
 from eagledata.source.dataset import ResolvedDataset, count_rows
 from eagledata.source.tokenization import PromptTokenizer
 from eagledata.source.workplan import Outcome, WorkItem, WorkPlan
@@ -53,19 +54,6 @@ class SessionCounts:
     tokens: int = 0
 
 
-def frozen_settings(config: AppConfig, dataset: ResolvedDataset) -> FrozenSettings:
-    return FrozenSettings(
-        dataset_name=dataset.name,
-        dataset=dataset.settings,
-        tokenizer=config.tokenizer,
-        generation=config.generation,
-        limit=config.run.limit,
-        shard_size=config.run.shard_size,
-        expected_model=config.server.expected_model,
-        bf16_kv_bytes_per_token=config.server.bf16_kv_bytes_per_token,
-    )
-
-
 async def _iterate(items: list[WorkItem]) -> AsyncIterator[WorkItem]:
     for item in items:
         yield item
@@ -80,7 +68,7 @@ class Run:
         self.config = config
         self.dataset = dataset
         self.run_dir = run_dir
-        self.frozen = frozen_settings(config, dataset)
+        self.frozen = FrozenSettings.of(config, dataset.name, dataset.settings)
         self.show_progress = show_progress
         self.counts = SessionCounts()
         self.checks_s = 0.0
@@ -115,197 +103,249 @@ class Run:
     # --- the session --------------------------------------------------------------------------
 
     async def execute(self) -> Summary:
+        """Open the run directory, reach and check the servers, start the canary and the
+        load controller, then generate until the plan is done or the session is stopped."""
         started = time.monotonic()
+        files = self._open_files()
+        parts: SessionParts | None = None
+        try:
+            tokenizer = None if files.all_done else await self._tokenizer()
+            async with self._client() as client:
+                parts = await self._contact_servers(client, files, tokenizer)
+                await self._start_canary(parts, tokenizer)
+                await self._start_load_controller(parts)
+                await self._generate(parts)
+        except asyncio.CancelledError:
+            self.interrupted = "interrupted twice: in-flight requests abandoned"
+        finally:
+            files.close(parts)
+        plan = None if parts is None else parts.plan
+        stopped = self.interrupted or (parts is not None and parts.scheduler.stopping)
+        if plan is not None and plan.complete and not stopped:
+            self.run_dir.set_planned(plan.enumerated)
+        # nothing was written when nothing was left: the totals read at the start still hold
+        nothing_new = files.all_done and not self.counts.records
+        return self._summary(started, files.totals if nothing_new else None)
+
+    def _open_files(self) -> SessionFiles:
+        """Seal what an earlier process left open, count what is done, open the journals."""
         config = self.config
-        writer = ShardWriter(self.run_dir.path, config.run.shard_size, config.run.fsync_interval_s)
+        path = self.run_dir.path
+        writer = ShardWriter(path, config.run.shard_size, config.run.fsync_interval_s)
         writer.seal_pending()
         # under the lock: an index found missing, torn, stale or forged is written back
-        totals = scan_totals(self.run_dir.path, persist_indexes=True)
-        planned_before = self.run_dir.planned() if self.run_dir.exists() else None
+        totals = scan_totals(path, persist_indexes=True)
+        planned = self.run_dir.planned() if self.run_dir.exists() else None
         # A plan read to its end whose every item is done: nothing to tokenize, send or flag,
         # so neither the tokenizer nor the dataset is read (every done id is a plan id, so the
         # counts decide it).
         all_done = (
-            (self.run_dir.path / "plan.json").is_file()
-            and planned_before is not None
-            and len(totals.done_ids) >= planned_before
+            (path / "plan.json").is_file()
+            and planned is not None
+            and len(totals.done_ids) >= planned
         )
-        tokenizer: PromptTokenizer | None = None
-        flagger: FlagDetector | None = None
-        if not all_done:
-            tokenizer = await asyncio.to_thread(PromptTokenizer, config.tokenizer)
-            flagger = FlagDetector.from_vocab(tokenizer.token_id, tokenizer.roundtrip)
-        failures = FailureLog(self.run_dir.path, config.run.fsync_interval_s)
-        check_log = self.run_dir.check_log(config.run.fsync_interval_s)
-        samples = config.generation.samples_per_prompt
         rows = None if all_done else count_rows(self.dataset.settings, config.run.limit)
-        estimate = rows * samples if rows is not None else None
+        return SessionFiles(
+            writer=writer,
+            failures=FailureLog(path, config.run.fsync_interval_s),
+            check_log=self.run_dir.check_log(config.run.fsync_interval_s),
+            totals=totals,
+            planned_before=planned,
+            all_done=all_done,
+            estimate=None if rows is None else rows * config.generation.samples_per_prompt,
+        )
+
+    async def _tokenizer(self) -> PromptTokenizer:
+        return await asyncio.to_thread(PromptTokenizer, self.config.tokenizer)
+
+    def _client(self) -> SGLangClient:
+        server = self.config.server
+        return SGLangClient(
+            server.urls,
+            in_flight=self._ceiling(),
+            connections_per_pool=server.connections_per_pool,
+            connect_timeout_s=server.connect_timeout_s,
+            request_timeout_s=server.request_timeout_s,
+            api_key=SGLangClient.api_key_from_env(server.api_key_env),
+            api_key_env=server.api_key_env,
+        )
+
+    def _fixed(self) -> int | None:
+        concurrency = self.config.run.concurrency
+        return concurrency if isinstance(concurrency, int) else None
+
+    def _ceiling(self) -> int:
+        """Senders at most: ``--concurrency N``, or under auto ``load.max_in_flight``, each
+        admitted by the controller."""
+        return self._fixed() or self.config.load.max_in_flight
+
+    async def _contact_servers(
+        self, client: SGLangClient, files: SessionFiles, tokenizer: PromptTokenizer | None
+    ) -> SessionParts:
+        """The KV guard and the holder over it, every server reached and checked, the run
+        directory created on a first session; then the live bar."""
+        config = self.config
+        kv_guard = KVGuard(
+            client,
+            expected_model=self.frozen.expected_model,
+            bf16_bytes_per_token=self.frozen.bf16_kv_bytes_per_token,
+            check_log=files.check_log,
+        )
+        parts = SessionParts(
+            client=client,
+            files=files,
+            kv_guard=kv_guard,
+            scheduler=Scheduler(self._ceiling()),
+            flagger=None
+            if tokenizer is None
+            else FlagDetector.from_vocab(tokenizer.token_id, tokenizer.roundtrip),
+            tokenizer=tokenizer,
+        )
+        # One hold-and-release for the KV check and the canary (run/holding.py).
+        parts.guard = HoldAndRelease(
+            client,
+            [kv_guard],
+            interval_s=config.server.guard_interval_s,
+            max_held=config.server.guard_max_held,
+            release=lambda payload: self._release(parts, payload),
+            requeue=lambda payload: parts.redo.append(payload[0]),
+        )
+        parts.limit = await first_contact(
+            client, kv_guard, config, self.run_dir, self.frozen.expected_model
+        )
         # The live bar starts once the servers have passed: a run that cannot start says so in
         # one line on stderr, without a bar drawn above it.
-        progress = Progress(total=None, initial=0, enabled=False)
-        api_key = SGLangClient.api_key_from_env(config.server.api_key_env)
-        # --concurrency auto: up to load.max_in_flight senders, each admitted by the controller.
-        fixed = config.run.concurrency if isinstance(config.run.concurrency, int) else None
-        ceiling = fixed or config.load.max_in_flight
-        client = SGLangClient(
-            config.server.urls,
-            in_flight=ceiling,
-            connections_per_pool=config.server.connections_per_pool,
-            connect_timeout_s=config.server.connect_timeout_s,
-            request_timeout_s=config.server.request_timeout_s,
-            api_key=api_key,
-            api_key_env=config.server.api_key_env,
+        parts.progress = Progress(
+            total=files.planned_before or files.estimate,
+            initial=len(files.totals.done_ids),
+            enabled=self.show_progress,
+        )
+        if not self.run_dir.exists():
+            self.run_dir.create(self.frozen, self._manifest_extra(kv_guard, files.estimate))
+        return parts
+
+    async def _start_canary(self, parts: SessionParts, tokenizer: PromptTokenizer | None) -> None:
+        """The canary's baseline and its first check of every server (quality/canary.py)."""
+        config = self.config
+        if tokenizer is None or not config.canary.enabled:
+            return
+        started = time.monotonic()
+        parts.quality_log = Journal(self.run_dir.path / "quality.jsonl", 0.0)
+        limit = parts.limit
+        monitor = await start_canary(
+            self.run_dir,
+            config,
+            parts.client,
+            parts.kv_guard,
+            parts.holder,
+            lambda: canary_prompts(config, self.dataset, tokenizer, limit),
+            parts.quality_log,
+            # said only beside the live bar: stderr is one line on failure
+            parts.bar.note if self.show_progress else lambda _: None,
+        )
+        parts.holder.checks.append(monitor)
+        self.checks_s += time.monotonic() - started
+
+    async def _start_load_controller(self, parts: SessionParts) -> None:
+        parts.telemetry = TelemetryLog(self.run_dir.path, self.config.load.telemetry_max_bytes)
+        parts.load = await load_controller(
+            parts.client,
+            parts.kv_guard,
+            self.config,
+            self._fixed(),
+            parts.telemetry,
+            parts.bar,
+            parts.files.totals.output_lengths,
         )
 
-        def release(payload: tuple[WorkItem, Any]) -> None:
-            item, result = payload
-            assert flagger is not None  # results exist only when the plan had work
-            writer.write(
-                make_record(
-                    item_id=item.item_id,
-                    dataset=self.dataset.name,
-                    row_id=item.row_id,
-                    sample=item.sample,
-                    messages=item.messages,
-                    input_ids=item.input_ids,
-                    result=result,
-                    flags=flagger.flags(
-                        input_ids=item.input_ids,
-                        output_ids=result.output_ids,
-                        finish_reason=result.finish_reason,
-                        matched=result.matched,
-                    ),
+    async def _generate(self, parts: SessionParts) -> None:
+        """Feed the plan to the scheduler while the checks and the controller run beside it;
+        then the final checks. Results a server took down with it are generated again."""
+        source: AsyncIterator[WorkItem] = _iterate([])
+        if parts.tokenizer is not None:
+            parts.plan = WorkPlan(
+                self.dataset,
+                samples_per_prompt=self.config.generation.samples_per_prompt,
+                row_limit=self.config.run.limit,
+                tokenizer=parts.tokenizer,
+                limit=parts.limit,
+                done=parts.files.totals.done_ids,
+            )
+            source = self._source(parts.plan, parts.files.failures, parts.bar)
+        sender = self._sender(parts)
+        scheduler = parts.scheduler
+        with stop_on_signals(scheduler, parts.bar, self._on_stop):
+            while True:
+                try:
+                    # The checks and the controller run until the work is done; then they are
+                    # cancelled and awaited within a bound (tasks.py).
+                    async with TaskScope(
+                        shutdown_s=TASK_SHUTDOWN_S, on_stuck=self._report_stuck
+                    ) as scope:
+                        scope.create_task(parts.holder.run(), name="checks")
+                        scope.create_task(parts.controller.run(), name="load-controller")
+                        await scheduler.run(source, sender.send)
+                except BaseExceptionGroup as group_error:
+                    raise first_fatal(group_error) from None
+                flush_started = time.monotonic()
+                await parts.holder.flush()
+                self.checks_s += time.monotonic() - flush_started
+                if scheduler.stopping or not parts.redo:
+                    return
+                parts.bar.note(
+                    f"generating {len(parts.redo)} results again: their server went down "
+                    "before a check could vouch for them"
                 )
-            )
-            self.counts.records += 1
-            self.counts.tokens += result.completion_tokens
-            progress.advance(
-                tokens=result.completion_tokens,
-                in_flight=scheduler.stats.in_flight
-                if load is None or not load.auto
-                else sum(lane.in_flight for lanes in load.lanes.values() for lane in lanes),
-                held=guard.held,
-                load=None if load is None else load.bar_fields(),
-            )
+                source = _iterate(list(parts.redo))
+                parts.redo.clear()
 
-        scheduler: Scheduler[WorkItem] = Scheduler(ceiling)
-        load: LoadController | None = None
-        telemetry: TelemetryLog | None = None
-        # Results the guard gives back (their server went down before a check vouched for them).
-        redo: list[WorkItem] = []
-        plan: WorkPlan | None = None
-        quality_log: Journal | None = None
-        try:
-            async with client:
-                kv_guard = KVGuard(
-                    client,
-                    expected_model=self.frozen.expected_model,
-                    bf16_bytes_per_token=self.frozen.bf16_kv_bytes_per_token,
-                    check_log=check_log,
-                )
-                # One hold-and-release for the KV check and the canary (run/holding.py).
-                guard: HoldAndRelease[tuple[WorkItem, Any]] = HoldAndRelease(
-                    client,
-                    [kv_guard],
-                    interval_s=config.server.guard_interval_s,
-                    max_held=config.server.guard_max_held,
-                    release=release,
-                    requeue=lambda payload: redo.append(payload[0]),
-                )
-                limit = await first_contact(
-                    client, kv_guard, self.config, self.run_dir, self.frozen.expected_model
-                )
-                progress.close()
-                progress = Progress(
-                    total=planned_before or estimate,
-                    initial=len(totals.done_ids),
-                    enabled=self.show_progress,
-                )
-                if not self.run_dir.exists():
-                    self.run_dir.create(self.frozen, self._manifest_extra(kv_guard, estimate))
-                source: AsyncIterator[WorkItem] = _iterate([])
-                if tokenizer is not None and config.canary.enabled:
-                    canary_started = time.monotonic()
-                    quality_log = Journal(self.run_dir.path / "quality.jsonl", 0.0)
-                    canary_tokenizer = tokenizer
-                    monitor = await start_canary(
-                        self.run_dir,
-                        config,
-                        client,
-                        kv_guard,
-                        guard,
-                        lambda: canary_prompts(config, self.dataset, canary_tokenizer, limit),
-                        quality_log,
-                        # said only beside the live bar: stderr is one line on failure
-                        progress.note if self.show_progress else lambda _: None,
-                    )
-                    guard.checks.append(monitor)
-                    self.checks_s += time.monotonic() - canary_started
-                telemetry = TelemetryLog(self.run_dir.path, config.load.telemetry_max_bytes)
-                load = await load_controller(
-                    client, kv_guard, config, fixed, telemetry, progress, totals.output_lengths
-                )
-                if tokenizer is not None:
-                    plan = WorkPlan(
-                        self.dataset,
-                        samples_per_prompt=samples,
-                        row_limit=config.run.limit,
-                        tokenizer=tokenizer,
-                        limit=limit,
-                        done=totals.done_ids,
-                    )
-                    source = self._source(plan, failures, progress)
-                sender = ItemSender(
-                    client=client,
-                    guard=guard,
-                    failures=failures,
-                    progress=progress,
-                    policy=self.policy,
-                    sampling_params=self.sampling_params,
-                    down_deadline_s=config.server.down_deadline_s,
-                    dataset_name=self.dataset.name,
-                    on_failure=self._count_failure,
-                    load=load,
-                )
-                with stop_on_signals(scheduler, progress, self._on_stop):
-                    while True:
-                        try:
-                            # The checks and the controller run until the work is done; then
-                            # they are cancelled and awaited within a bound (run/tasks.py).
-                            async with TaskScope(
-                                shutdown_s=TASK_SHUTDOWN_S, on_stuck=self._report_stuck
-                            ) as scope:
-                                scope.create_task(guard.run(), name="checks")
-                                scope.create_task(load.run(), name="load-controller")
-                                await scheduler.run(source, sender.send)
-                        except BaseExceptionGroup as group_error:
-                            raise first_fatal(group_error) from None
-                        flush_started = time.monotonic()
-                        await guard.flush()
-                        self.checks_s += time.monotonic() - flush_started
-                        if scheduler.stopping or not redo:
-                            break
-                        progress.note(
-                            f"generating {len(redo)} results again: their server went down "
-                            "before a check could vouch for them"
-                        )
-                        source = _iterate(list(redo))
-                        redo.clear()
-        except asyncio.CancelledError:
-            self.interrupted = "interrupted twice: in-flight requests abandoned"
-        finally:
-            progress.close()
-            writer.close()
-            failures.close()
-            check_log.close()
-            if quality_log is not None:
-                quality_log.close()
-            if telemetry is not None:
-                telemetry.close()
-        if plan is not None and plan.complete and not self.interrupted and not scheduler.stopping:
-            self.run_dir.set_planned(plan.enumerated)
-        # nothing was written when nothing was left: the totals read at the start still hold
-        return self._summary(started, totals if all_done and not self.counts.records else None)
+    def _sender(self, parts: SessionParts) -> ItemSender:
+        server = self.config.server
+        return ItemSender(
+            client=parts.client,
+            guard=parts.holder,
+            failures=parts.files.failures,
+            progress=parts.bar,
+            policy=self.policy,
+            sampling_params=self.sampling_params,
+            down_deadline_s=server.down_deadline_s,
+            dataset_name=self.dataset.name,
+            on_failure=self._count_failure,
+            load=parts.controller,
+        )
+
+    def _release(self, parts: SessionParts, payload: tuple[WorkItem, GenerateResult]) -> None:
+        """A result every check vouched for: flag it, write it, count it."""
+        item, result = payload
+        assert parts.flagger is not None  # results exist only when the plan had work
+        parts.files.writer.write(
+            make_record(
+                item_id=item.item_id,
+                dataset=self.dataset.name,
+                row_id=item.row_id,
+                sample=item.sample,
+                messages=item.messages,
+                input_ids=item.input_ids,
+                result=result,
+                flags=parts.flagger.flags(
+                    input_ids=item.input_ids,
+                    output_ids=result.output_ids,
+                    finish_reason=result.finish_reason,
+                    matched=result.matched,
+                ),
+            )
+        )
+        self.counts.records += 1
+        self.counts.tokens += result.completion_tokens
+        load = parts.load
+        parts.bar.advance(
+            tokens=result.completion_tokens,
+            in_flight=parts.scheduler.stats.in_flight
+            if load is None or not load.auto
+            else sum(lane.in_flight for lanes in load.lanes.values() for lane in lanes),
+            held=parts.holder.held,
+            load=None if load is None else load.bar_fields(),
+        )
 
     def _manifest_extra(self, guard: KVGuard, estimate: int | None) -> dict[str, Any]:
         return {
