@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
@@ -164,7 +165,6 @@ def plan_from_pool(
         )
 
     tok_s = decode_tok_s(fit_running, fit)
-    low, high = tok_s * (1 - fit.band), tok_s * (1 + fit.band)
 
     graph_bs = cuda_graph_max_bs
     per_rank_batch = math.ceil(min(running, rec_mrr) / attn_dp_size)
@@ -189,9 +189,6 @@ def plan_from_pool(
     if workload.mean_output_assumed:
         notes.append("mean output assumed = max_new_tokens (pass the expected mean output)")
 
-    def hours(rate: float) -> float | None:
-        return workload.total_output_tokens / rate / 3600 if rate > 0 else None
-
     return PlanRow(
         profile=label,
         kv_cache_dtype=kv_cache_dtype,
@@ -210,15 +207,28 @@ def plan_from_pool(
         recommended_max_running_requests=rec_mrr if starts else 0,
         recommended_concurrency=rec_concurrency,
         profile_max_running_requests=server_cap,
-        tok_s=tok_s,
-        tok_s_low=low,
-        tok_s_high=high,
-        wall_clock_hours=hours(tok_s),
-        wall_clock_hours_low=hours(high),
-        wall_clock_hours_high=hours(low),
+        **rate_fields(tok_s, fit.band, workload.total_output_tokens),
         notes=notes,
         profile_notes=list(profile_notes),
     )
+
+
+def rate_fields(tok_s: float, band: float, total_output_tokens: float) -> dict[str, Any]:
+    """A row's rate and its band (the step-time fit's relative error), and the wall-clock hours
+    the job's output takes at each."""
+    low, high = tok_s * (1 - band), tok_s * (1 + band)
+
+    def hours(rate: float) -> float | None:
+        return total_output_tokens / rate / 3600 if rate > 0 else None
+
+    return {
+        "tok_s": tok_s,
+        "tok_s_low": low,
+        "tok_s_high": high,
+        "wall_clock_hours": hours(tok_s),
+        "wall_clock_hours_low": hours(high),
+        "wall_clock_hours_high": hours(low),
+    }
 
 
 def plan_profile(
@@ -254,20 +264,10 @@ def plan_profile(
         override=accept,
         notes=notes,
     )
-    low, high = tok_s * (1 - fit.band), tok_s * (1 + fit.band)
-
-    def hours(rate: float) -> float | None:
-        return workload.total_output_tokens / rate / 3600 if rate > 0 else None
-
     return row.model_copy(
         update={
             "speculative": plan,
-            "tok_s": tok_s,
-            "tok_s_low": low,
-            "tok_s_high": high,
-            "wall_clock_hours": hours(tok_s),
-            "wall_clock_hours_low": hours(high),
-            "wall_clock_hours_high": hours(low),
+            **rate_fields(tok_s, fit.band, workload.total_output_tokens),
             "notes": notes,
         }
     )

@@ -11,7 +11,7 @@ import itertools
 from collections.abc import Sequence
 
 from eagledata.capacity import PlanRow, Workload
-from eagledata.capacity.planner import plan_from_pool, plan_profiles
+from eagledata.capacity.planner import plan_from_pool, plan_profiles, rate_fields
 from eagledata.capacity.speculative import AcceptOverride, SpecModel, plan_live_speculative
 from eagledata.config import AppConfig
 from eagledata.errors import ConfigError, ItemError
@@ -104,16 +104,10 @@ def live_row(
     notes = list(row.notes)
     if not measured:
         notes.append("acceptance not measured yet: the server has verified nothing")
-    hours = workload.total_output_tokens / tok_s / 3600 if tok_s > 0 else None
     return row.model_copy(
         update={
             "speculative": plan,
-            "tok_s": tok_s,
-            "tok_s_low": tok_s * (1 - fit.band),
-            "tok_s_high": tok_s * (1 + fit.band),
-            "wall_clock_hours": hours,
-            "wall_clock_hours_low": hours / (1 + fit.band) if hours else None,
-            "wall_clock_hours_high": hours / (1 - fit.band) if hours else None,
+            **rate_fields(tok_s, fit.band, workload.total_output_tokens),
             "notes": notes,
             "evidence": "measured" if measured else "unverified",
         }

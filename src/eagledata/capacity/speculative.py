@@ -170,28 +170,19 @@ def plan_speculative(
             f"{left:.2f} GiB headroom is below the {REFERENCE_OOM_HEADROOM_GIB} GiB at which the "
             "reference run's 0.93 start ran out of memory: lower --mem-fraction-static"
         )
-    tok_s = model.tok_s(running, fit)
-    without = decode_tok_s(running, fit)
-    pessimistic = SpecModel(**{**model.__dict__, "accept_length": PESSIMISTIC_ACCEPT_LENGTH})
     source = override.source if override is not None else draft.accept_length_source
-    plan = SpecPlan(
-        algorithm=profile.speculative_algorithm,
-        draft_model=draft.name,
-        num_steps=model.num_steps,
-        eagle_topk=model.eagle_topk,
-        num_draft_tokens=model.num_draft_tokens,
-        accept_length=model.accept_length,
-        accept_length_source=source,
-        accept_length_measured=override.measured if override is not None else False,
-        tok_s_without=without,
-        speedup=tok_s / without if without else 0.0,
-        tok_s_pessimistic=pessimistic.tok_s(running, fit),
-        speedup_by_running={n: round(model.speedup(n, fit), 3) for n in SPEEDUP_BATCHES},
-        draft_weights_gib_per_gpu=draft.weights_gib_per_gpu,
-        draft_kv_gib_per_gpu=draft_kv,
-        draft_graph_gib=draft.graph_gib,
-        headroom_gib=headroom,
-        headroom_after_draft_gib=left,
+    measured = override.measured if override is not None else False
+    plan, tok_s = _rated(
+        model, running, fit, profile.speculative_algorithm, draft.name, source, measured
+    )
+    plan = plan.model_copy(
+        update={
+            "draft_weights_gib_per_gpu": draft.weights_gib_per_gpu,
+            "draft_kv_gib_per_gpu": draft_kv,
+            "draft_graph_gib": draft.graph_gib,
+            "headroom_gib": headroom,
+            "headroom_after_draft_gib": left,
+        }
     )
     return plan, tok_s
 
@@ -207,6 +198,20 @@ def plan_live_speculative(
     measured: bool,
 ) -> tuple[SpecPlan, float]:
     """The speculative part of a running server's row (its draft memory is already spent)."""
+    return _rated(model, running, fit, algorithm, draft_model, source, measured)
+
+
+def _rated(
+    model: SpecModel,
+    running: float,
+    fit: ThroughputSection,
+    algorithm: str,
+    draft_model: str,
+    source: str,
+    measured: bool,
+) -> tuple[SpecPlan, float]:
+    """The speculative rating at ``running``: tok/s with and without the drafter, and at the
+    pessimistic acceptance length."""
     tok_s = model.tok_s(running, fit)
     without = decode_tok_s(running, fit)
     pessimistic = SpecModel(**{**model.__dict__, "accept_length": PESSIMISTIC_ACCEPT_LENGTH})

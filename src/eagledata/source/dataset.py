@@ -70,13 +70,19 @@ def resolve_dataset(name_or_path: str, table: dict[str, DatasetSettings]) -> Res
     )
 
 
+def local_path(settings: DatasetSettings) -> Path:
+    """Where a dataset's ``source`` points on this machine (``bundled:`` and ``~`` resolved);
+    for a hub id, a path that does not exist and has no data-file suffix."""
+    return Path(resolve_bundled(settings.source)).expanduser()
+
+
 def check_local_source(dataset: ResolvedDataset, config_source: str | None = None) -> None:
     """Fail fast: a local data file that is not there is reported before anything is loaded.
 
     Without this, ``--dataset b2`` with no ``data/b2.jsonl`` failed only after the tokenizer was
     fetched (minutes, or a hub error that says nothing about the missing file).
     """
-    source = Path(resolve_bundled(dataset.settings.source)).expanduser()
+    source = local_path(dataset.settings)
     if source.suffix not in LOCAL_BUILDERS or source.is_file():
         return
     where = "" if source.is_absolute() else f" (relative to {Path.cwd()})"
@@ -127,7 +133,7 @@ def _iter_with_datasets(settings: DatasetSettings) -> Iterator[tuple[dict[str, A
     import datasets  # deferred: importing datasets costs about a second
 
     source = resolve_bundled(settings.source)
-    path = Path(source).expanduser()
+    path = local_path(settings)
     try:
         if path.suffix in LOCAL_BUILDERS:
             if not path.is_file():
@@ -153,7 +159,7 @@ def _iter_with_datasets(settings: DatasetSettings) -> Iterator[tuple[dict[str, A
 
 def iter_rows(settings: DatasetSettings, limit: int | None = None) -> Iterator[SourceRow]:
     """Stream rows with stable ids: the dataset's own id field where it has one, else the index."""
-    source = Path(resolve_bundled(settings.source)).expanduser()
+    source = local_path(settings)
     raw: Iterator[tuple[dict[str, Any] | None, str | None]]
     if source.suffix == ".jsonl":
         if not source.is_file():
@@ -170,7 +176,7 @@ def iter_rows(settings: DatasetSettings, limit: int | None = None) -> Iterator[S
 
 def count_rows(settings: DatasetSettings, limit: int | None = None) -> int | None:
     """A cheap row count for the progress bar, where one is cheap; None otherwise."""
-    source = Path(resolve_bundled(settings.source)).expanduser()
+    source = local_path(settings)
     total: int | None = None
     try:
         if source.suffix == ".jsonl" and source.is_file():
