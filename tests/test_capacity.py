@@ -1,4 +1,4 @@
-"""The planner reproduces the reference runs and the arithmetic of kimi-k25-capacity.md."""
+"""The planner reproduces the reference runs and the arithmetic of docs/capacity.md."""
 
 from __future__ import annotations
 
@@ -318,6 +318,6 @@ def test_failed_pool_renders_as_fails() -> None:
 
 
 def test_math_is_floor_of_gib_over_cell() -> None:
-    # the formula of section 5, computed by hand for 0.90 bf16
+    # the formula of docs/capacity.md, computed by hand for 0.90 bf16
     gib = 21.73 - 94.26 * (1 - 0.90)
     assert tokens(tp8("bf16", 0.90)) == math.floor(gib * 2**30 / 70_272)

@@ -123,7 +123,7 @@ def test_spec_rows_reproduce_the_model_by_hand() -> None:
     assert spec is not None and spec.accept_length == 2.8 and not spec.accept_length_measured
     assert "unverified" in spec.accept_length_source
     n = row.running  # 58: the 0.88 pool (159.2k) over 2,707 tokens per request (+7 for drafts)
-    assert row.system_tokens == 159_197  # the 0.88 bf16 pool (kimi-k25-capacity.md 3.4)
+    assert row.system_tokens == 159_197  # the 0.88 bf16 pool (docs/capacity.md)
     assert n == 58
     cycle = 0.077 + 0.00018 * n * 4 + (3 + 1) * (0.0015 + 0.000003 * n * 1)
     assert row.tok_s == pytest.approx(n * 2.8 / cycle)

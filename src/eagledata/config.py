@@ -167,7 +167,7 @@ class LoadSettings(Strict):
 
 class CanarySettings(Strict):
     """The logprob canary (quality/canary.py, docs/quality.md). Sizes follow the protocol in
-    sglang-quality-and-load.md 4.1; the threshold rules are hypotheses until calibrated."""
+    docs/quality.md; the threshold rules are hypotheses until calibrated."""
 
     enabled: bool = True
     baseline: Path | None = Field(None, description="A shared baseline file (eagledata canary)")

@@ -1,6 +1,6 @@
 """Capacity planner: KV tokens, concurrency, throughput and wall clock per launch profile.
 
-The arithmetic is SGLang's own pool sizing (``kimi-k25-capacity.md`` sections 3 and 5)::
+The arithmetic is SGLang's own pool sizing (``docs/capacity.md``)::
 
     cell_bytes       = (kv_lora_rank + qk_rope_head_dim) * layers * dtype_bytes        # MLA
                      = kv_heads_per_rank * (head_dim + v_head_dim) * layers * dtype_bytes  # MHA

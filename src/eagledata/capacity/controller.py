@@ -3,7 +3,7 @@
 No I/O and no clock of its own (every method takes ``now``), so tests drive it directly. The live
 loop that feeds it the server's signals and our requests is ``run/loadcontrol.py``.
 
-Why a client must do this (``reference/sglang-quality-and-load.md`` sections 3.3 and 4.2): SGLang
+Why a client must do this (``docs/sglang.md``, "Admission and retraction"): SGLang
 admits a request while the pool covers its prompt plus ``min(max_new, 4096) x new_token_ratio``
 for each running request, a ratio that decays to ~0.1. For multi-thousand-token answers it
 over-admits, then retracts the requests with the fewest tokens when the pool overflows, and

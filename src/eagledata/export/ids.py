@@ -5,7 +5,7 @@ Each line is ``{"id", "primary_id", "input_ids": P + O, "loss_mask": [0]*|P| + [
 the ids returned, stop token included and supervised). The mask is token-aligned and unshifted:
 ``loss_mask[i] == 1`` iff ``input_ids[i]`` was generated; the trainers shift it themselves.
 
-Readers, from their own source (docs/../reference/export-formats.md): SpecForge 0.2.0
+Readers, from their own source (docs/export.md, "What the trainers read"): SpecForge 0.2.0
 ``prepare_prompt_tasks`` (``data.prompts_path``) treats a file whose first record has both keys as
 pre-tokenized and ignores every other key; speculators ``prepare-data --data`` passes such rows
 through and drops the other columns. Both read one file, hence one file for all shards and runs.

@@ -1,6 +1,6 @@
 """The logprob canary: does the server still compute what it computed when the run began?
 
-A dtype flag is what the server says; this is what it does (DESIGN.md, invariant 5). Per check,
+A dtype flag is what the server says; this is what it does (docs/quality.md). Per check,
 for each reference (a prompt of the run's own dataset, chat-templated as production, and a
 continuation the server sampled from it once it had passed the KV guard):
 

@@ -1,5 +1,5 @@
 """The canary's statistics: how far one scoring of the references is from the baseline, and the
-thresholds that say "not noise" (sglang-quality-and-load.md section 4.1; the multipliers there
+thresholds that say "not noise" (docs/quality.md, "Statistics and thresholds"; the multipliers
 are hypotheses, so they are settings here, and the floor under them is measured, not assumed).
 
 A *scoring* is what one canary run measured: the logprob the server gave each reference token

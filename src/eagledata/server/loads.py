@@ -1,6 +1,6 @@
 """A server's live load, from whichever signal it offers, without HTTP (``client`` reads them).
 
-Three sources, best first (``reference/sglang-quality-and-load.md`` section 3):
+Three sources, best first (``docs/sglang.md``, "Load signals", with the versions that have them):
 
 * ``GET /v1/loads`` (SGLang 0.5.8+): per DP rank ``num_running_reqs``, ``num_waiting_reqs``,
   ``num_used_tokens``, ``max_total_num_tokens``, ``token_usage`` (live), ``gen_throughput`` (0

@@ -1,7 +1,7 @@
 """The client's connection pools: opened, sized and closed here; only ``client`` sends on them.
 
 Connections are sharded over many small ``httpx.AsyncClient`` pools: a pool's per-request cost
-grows with its size (DESIGN.md, HTTP; ``benchmarks/bench_client.py``), so each server gets
+grows with its size (``benchmarks/README.md``, ``bench_client.py``), so each server gets
 ``ceil(in_flight / connections_per_pool)`` pools of its own, and a request goes to the least
 loaded. Per server, so that a pool never closes one server's idle connection to open another's.
 Beside them, one small control pool and the canary's own pool.

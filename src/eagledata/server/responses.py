@@ -2,7 +2,8 @@
 
 ``client`` (the only module that speaks HTTP) sends the requests; this module says what a request
 id looks like and turns one response item into a ``GenerateResult``, or into an error of the tree
-(DESIGN.md: an abort answered with HTTP 200 is a failure to retry, not a record).
+(docs/sglang.md, "Finish reasons and aborts": an abort answered with HTTP 200 is a failure to
+retry, not a record).
 """
 
 from __future__ import annotations
@@ -54,7 +55,8 @@ class GenerateResult:
 
 
 def error_message(content: bytes) -> str:
-    """SGLang's error bodies come in three shapes (sglang-api.md §3.5); find the message."""
+    """SGLang's error bodies come in three shapes (docs/sglang.md, "HTTP status and error
+    bodies"); find the message."""
     try:
         body = orjson.loads(content)
     except orjson.JSONDecodeError:

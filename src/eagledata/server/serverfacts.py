@@ -6,7 +6,7 @@ servers): every ServerArgs field flat at the top level, rank 0's scheduler info,
 ``memory_usage``). Missing keys become ``None``; a wrong type for a key the guard reads is a
 refusal, never a silent ``None``.
 
-The guard (DESIGN invariant 2) trusts no single field, because SGLang resolves
+The guard (bf16 KV or nothing, docs/sglang.md) trusts no single field, because SGLang resolves
 ``--kv-cache-dtype auto`` to fp8 for checkpoints that declare an fp8 KV cache and says so only in
 ``internal_states[i].kv_cache_dtype``:
 

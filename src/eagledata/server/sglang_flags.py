@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 PINNED_SGLANG_VERSION = "0.5.9"
-"""First release with ``models/kimi_k25.py``; the HTTP contract in the reference notes is S9."""
+"""First release with ``models/kimi_k25.py``; the HTTP contract in docs/sglang.md is S9's."""
 
 DCP_SGLANG_VERSION = "0.5.15.post1"
 """First release line with ``--dcp-size`` (decode context parallelism); absent up to 0.5.14."""

@@ -2,7 +2,7 @@
 
 One engine per simulated server; each DP rank runs its own loop, as each SGLang scheduler process
 does. What is modelled, and where a reader checks it against SGLang 0.5.9 (S9; line numbers from
-``reference/sglang-quality-and-load.md`` section 3):
+the 0.5.9 wheel's ``sglang/srt/``; the rules summarized in ``docs/sglang.md``):
 
 * **The loop** (``managers/scheduler.py`` ``event_loop_normal`` / ``get_next_batch_to_run``):
   every iteration either runs one prefill batch of newly admitted requests, or, when nothing can
@@ -33,7 +33,7 @@ does. What is modelled, and where a reader checks it against SGLang 0.5.9 (S9; l
   generated tokens, one more per decode step; finished requests free theirs at once (SGLang may
   keep them as evictable radix-cache entries, which admission counts as free, so the two agree).
 * **Step time**: a decode step of N running requests lasts ``0.077 + 0.00018 N`` seconds (the
-  reference fit, ``kimi-k25-capacity.md`` section 5: tok/s = N / (0.077 + 0.00018 N)); a prefill
+  reference fit, ``docs/capacity.md`` "The step-time fit": tok/s = N / (0.077 + 0.00018 N)); prefill
   batch ``0.077 + input tokens / prefill_tok_per_s`` (the prefill speed is an assumption). Both
   are multiplied by ``time_scale`` so tests and benchmarks run in seconds.
 * **Signals**: ``token_usage`` = used / pool (live), ``gen_throughput`` over the last

@@ -91,7 +91,7 @@ class SimConfig(BaseModel):
     step_base_s: float = Field(default=0.077, gt=0.0)
     step_per_request_s: float = Field(default=0.00018, ge=0.0)
     """Decode step time = base + per_request x running: tok/s = N / (0.077 + 0.00018 N), the
-    reference fit (kimi-k25-capacity.md section 5)."""
+    reference fit (docs/capacity.md, "The step-time fit")."""
     prefill_tok_per_s: float = Field(default=8000.0, gt=0.0)
     """Prefill speed of one prefill batch (an assumption: not measured on the reference rig)."""
     time_scale: float = Field(default=1.0, gt=0.0)
@@ -117,8 +117,8 @@ class SimConfig(BaseModel):
     output_len_shape: Literal["uniform", "exponential"] = "uniform"
     """``uniform``: ``mean x (1 +- spread)``. ``exponential``: exponentially distributed around
     the mean (the spread is ignored), cut at ``max_new_tokens``: the long tail of thinking answers,
-    where a few run many times the mean (the illustration of
-    ``reference/sglang-quality-and-load.md`` section 4.2)."""
+    where a few run many times the mean (``docs/throughput.md``, "The benchmark": exponential
+    answers)."""
 
     # --- faults, decided per request from a seeded hash -------------------------------------------
     fail_500_rate: Rate = 0.0

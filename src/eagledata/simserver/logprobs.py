@@ -24,7 +24,8 @@ fixed text always scores the same, up to the noise below:
   get a fixed per-(context, candidate) perturbation N(0, ``degrade_sigma``) and the token's own
   logit lowered by ``degrade_shift``, as an fp8 or corrupted cache makes the model less sure of
   what it used to say. A cold prefill reads its neighbours' K/V in flight, never from the pool:
-  it is blind to the degradation, as on SGLang's MLA path (sglang-quality-and-load.md 1.5).
+  it is blind to the degradation, as on SGLang's MLA path (docs/sglang.md, "Which KV a scored
+  token reads").
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ the radix tree once its prefill is done; a ``max_new_tokens: 0`` request is a pr
 else, which is how a client warms a prompt). A request refused with 503 ("the request queue is
 full") never reaches the tree, so its retry is not cheaper. A later prompt that starts with a
 cached one reports the matched length as ``cached_tokens``. Matching follows SGLang 0.5.9
-(sglang-quality-and-load.md section 1):
+(docs/sglang.md, "Teacher-forced logprobs and the prefix cache"):
 
 * it is capped at ``len(input_ids) - 1`` (the last token is always computed), and
 * with ``return_logprob`` at ``logprob_start_len``: the tokens whose logprobs are asked for are
@@ -14,7 +14,7 @@ cached one reports the matched length as ``cached_tokens``. Matching follows SGL
 With several DP ranks (``dp_size`` > 1, attention ranks or replicas) each rank has a cache of its
 own, as each of SGLang's DP schedulers has its own radix tree; a request goes to its
 ``data_parallel_rank`` pin, else to the next rank round robin, the DP controller's default
-(``--load-balance-method auto``, sglang-quality-and-load.md section 3, S9
+(``--load-balance-method auto``, docs/sglang.md "DP ranks", S9
 ``managers/data_parallel_controller.py``). So a prompt warmed on one rank is cold on the others
 (``requests.dispatch_rank``; a batch body goes to one rank here).
 

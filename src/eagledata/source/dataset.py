@@ -19,7 +19,7 @@ import orjson
 from eagledata.config import DatasetSettings, resolve_bundled
 from eagledata.errors import DatasetError
 
-# Columns that real drafter datasets use for their own stable ids (kimi-k25-capacity.md §6).
+# Columns that real drafter datasets use for their own stable ids (docs/capacity.md, last table).
 KNOWN_ID_FIELDS = ("id", "prompt_id", "uuid", "conversation_id")
 LOCAL_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 
