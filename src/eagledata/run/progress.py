@@ -105,12 +105,8 @@ class Summary:
     canary: str = ""
     checks_s: float = 0.0
     """Seconds production waited on the canary's start and the final checks."""
-
-    @property
-    def tok_per_s(self) -> float:
-        """Output tokens per second of generation: time spent waiting on checks excluded."""
-        working = self.elapsed_s - self.checks_s
-        return self.session_tokens / working if working > 0 else 0.0
+    rate: str = ""
+    """The run's output rate, as ``status`` says it (rundir/rates.py)."""
 
     def render(self) -> str:
         planned = "?" if self.planned is None else f"{self.planned:,}"
@@ -119,10 +115,11 @@ class Summary:
             f"planned {planned} = written {self.written:,} + failed {self.failed:,} "
             f"+ skipped {self.skipped:,} + left {left}",
             f"this session: {self.session_records:,} records, {self.session_failures:,} failures, "
-            f"{self.session_tokens:,} output tokens in {self.elapsed_s:,.1f}s "
-            f"({self.tok_per_s:,.1f} tok/s"
-            + (f"; {self.checks_s:,.1f}s of checks not counted)" if self.checks_s >= 0.05 else ")"),
+            f"{self.session_tokens:,} output tokens in {self.elapsed_s:,.1f} s"
+            + (f" ({self.checks_s:,.1f} s of it on checks)" if self.checks_s >= 0.05 else ""),
         ]
+        if self.rate:
+            lines.append(f"rate: {self.rate}")
         if self.quality:
             lines.append(f"quality: {self.quality}")
         if self.canary:

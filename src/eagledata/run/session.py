@@ -42,6 +42,7 @@ from eagledata.source.workplan import Outcome, WorkItem, WorkPlan
 from eagledata.tasks import TaskScope
 
 PLAN_BATCH = 64
+RECENT_WINDOW_S = 600.0
 TASK_SHUTDOWN_S = 10.0
 """How long the checks and the controller get to end once the work is done: a task still
 running then is reported (one line, a dump file in the run directory) and abandoned."""
@@ -390,6 +391,7 @@ class Run:
             quality=totals.quality_line(),
             interrupted=self.interrupted,
             checks_s=self.checks_s,
+            rate=totals.rates(time.time(), RECENT_WINDOW_S)[0].text(),
             canary=canary_line(canary_summary(self.run_dir.path, self.run_dir.read()))
             if self.run_dir.exists()
             else "",
