@@ -38,12 +38,14 @@ ConfigOpt = Annotated[
     typer.Option(
         "--config",
         "-c",
+        metavar="FILE",
         help="TOML config (default: $EAGLEDATA_CONFIG, ./configs/eagledata.toml, else shipped)",
         dir_okay=False,
     ),
 ]
 ServerOpt = Annotated[
-    list[str] | None, typer.Option("--server", "-s", help="SGLang server URL; repeat for several")
+    list[str] | None,
+    typer.Option("--server", "-s", metavar="URL", help="SGLang server URL; repeat for several"),
 ]
 ProgressOpt = Annotated[bool, typer.Option("--progress/--no-progress", help="Show the live bar")]
 ConcurrencyOpt = Annotated[
@@ -56,7 +58,10 @@ ConcurrencyOpt = Annotated[
 ]
 ProfilesDirOpt = Annotated[
     Path | None,
-    typer.Option(help="Profiles folder (default: ./configs/profiles, else the shipped profiles)"),
+    typer.Option(
+        metavar="DIR",
+        help="Profiles folder (default: ./configs/profiles, else the shipped profiles)",
+    ),
 ]
 
 
