@@ -65,11 +65,30 @@ ProfilesDirOpt = Annotated[
 ]
 
 
+FLAG_NAMES = {
+    "canary.enabled": "--no-canary",
+    "canary.baseline": "--canary-baseline",
+    "server.urls": "--server",
+    "tokenizer.name": "--tokenizer",
+    "run.limit": "--limit",
+    "generation.max_new_tokens": "--max-new-tokens",
+    "generation.samples_per_prompt": "--samples",
+    "run.concurrency": "--concurrency",
+}
+"""The flag that sets each override, so a bad value is blamed on the flag, not the file."""
+
+
 def load_app_config(config_path: Path | None, overrides: dict[str, Any]) -> AppConfig:
-    return load_config(config_path or default_config_path(), overrides)
+    return load_config(config_path or default_config_path(), overrides, FLAG_NAMES)
+
+
+EXIT_NOTHING_WRITTEN = 7
 
 
 def finish_run(summary: Any) -> None:
     typer.echo(summary.render())
     if summary.interrupted:
         raise typer.Exit(EXIT_INTERRUPTED)
+    if summary.all_failed:
+        typer.echo(f"eagledata: error: {summary.all_failed}", err=True)
+        raise typer.Exit(EXIT_NOTHING_WRITTEN)

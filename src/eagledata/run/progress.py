@@ -6,7 +6,7 @@ import shutil
 import sys
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TextIO
 
 from tqdm import tqdm
@@ -164,6 +164,18 @@ class Summary:
     """Seconds production waited on the canary's start and the final checks."""
     rate: str = ""
     """The run's output rate, as ``status`` says it (rundir/rates.py)."""
+    failure_reasons: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def all_failed(self) -> str | None:
+        """Why a finished plan wrote no record at all (every item failed), or None."""
+        if self.written or not self.failed or self.left or self.interrupted:
+            return None
+        reasons = ", ".join(f"{name} {n:,}" for name, n in sorted(self.failure_reasons.items()))
+        return (
+            f"every item failed, no record was written ({reasons}); the reasons are in "
+            f"{self.run_dir}/failures.jsonl"
+        )
 
     def render(self) -> str:
         planned = "?" if self.planned is None else f"{self.planned:,}"
