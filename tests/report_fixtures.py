@@ -63,3 +63,32 @@ def write_telemetry(run: Path, start: float, tail: bytes = b"") -> None:
             }
             lines.append(orjson.dumps(sample) + b"\n")
     (run / "telemetry.jsonl").write_bytes(b"".join(lines) + tail)
+
+
+def spread_in_time(run: Path, step_s: float, latency_s: float) -> float:
+    """Rewrite a finished run's records as if they had completed ``step_s`` apart, each in
+    flight for ``latency_s``: a run of minutes drawn from one of a second (the rate is drawn only
+    past rundir/rates.py's MIN_RATED_S of active time). Indexes go (rebuilt on read). Returns the
+    first completion time."""
+    from eagledata.rundir.lines import RecordLine
+
+    shards = sorted((run / "shards").glob("shard-*.jsonl"))
+    first = min(
+        RecordLine.parse(line).created_at
+        for shard in shards
+        for line in shard.read_bytes().splitlines()
+    )
+    step = 0
+    for shard in shards:
+        lines = []
+        for line in shard.read_bytes().splitlines():
+            record = RecordLine.parse(line)
+            moved = record.model_copy(
+                update={"created_at": first + step * step_s, "e2e_latency": latency_s}
+            )
+            lines.append(moved.dump() + b"\n")
+            step += 1
+        shard.write_bytes(b"".join(lines))
+    for index in (run / "shards").glob("*.idx.json"):
+        index.unlink()
+    return first

@@ -227,7 +227,7 @@ BAD_VALUES = [
         "[server]\nmax_attempts = 0",
         "server.max_attempts: Input should be greater than or equal to 1",
     ),
-    ("[run]\nbogus = 1", "run.bogus: Extra inputs are not permitted"),
+    ("[run]\nbogus = 1", "run.bogus: unknown key"),
 ]
 
 

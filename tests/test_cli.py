@@ -107,7 +107,9 @@ def test_status_json_holds_the_documented_keys(finished: Path) -> None:
         12,
         0,
     )
-    assert status["output_tokens"] > 0 and status["tok_s"]["overall"] > 0
+    assert status["output_tokens"] > 0
+    # a run of a second is too short to rate (rundir/rates.py): no figure, its active time
+    assert status["tok_s"]["overall"] is None and status["tok_s"]["active_s"] > 0
     assert set(status["quality"]) == {"flags", "canary"}
     assert sum(status["finish_reasons"].values()) == 3
     assert sum(status["failure_reasons"].values()) == 12
@@ -288,5 +290,7 @@ def test_server_may_repeat(tokenizer_dir: str, tmp_path: Path) -> None:
         )
         assert result.returncode == 0, result.stderr
         assert result.stdout.startswith("planned 40 = written 40 + failed 0 + skipped 0 + left 0")
-        assert first.stats()["requests"] > 5 and second.stats()["requests"] > 5
+        # Both take work: how much each gets depends on timing (the one with more room gets the
+        # next request), so only "both" is a promise; tests/test_loadcontrol.py covers the split.
+        assert first.stats()["requests"] > 0 and second.stats()["requests"] > 0
     assert cli("verify", str(out)).returncode == 0

@@ -80,7 +80,7 @@ def test_check_server_verdict_and_exit_code(
 def test_launch_server_dry_run_prints_the_exact_bf16_command() -> None:
     result = runner.invoke(app, ["launch-server", "--profile", "kimi-k25-dpa4", "--dry-run"])
     assert result.exit_code == 0, result.output
-    line = result.output.strip()
+    line = result.stdout.strip()  # the command alone; which profile it is goes to stderr
     assert line.startswith("scripts/launch_sglang.sh --model-path moonshotai/Kimi-K2.5")
     assert "--kv-cache-dtype bf16" in line and "--enable-dp-attention" in line
 

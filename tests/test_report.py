@@ -29,7 +29,7 @@ from eagledata.run import pipeline
 from eagledata.rundir.manifest import scan_totals
 from eagledata.rundir.status import run_status
 from eagledata.simserver import SimServerThread
-from report_fixtures import write_canary, write_telemetry
+from report_fixtures import spread_in_time, write_canary, write_telemetry
 from report_page import PNG_SIGNATURE, ReportPage
 
 SECTIONS = {
@@ -54,9 +54,14 @@ def sim_run(tokenizer_dir: str, tmp_path_factory: pytest.TempPathFactory) -> Pat
     )
     with SimServerThread(sim_config(tokenizer_dir, latency_s=0.01)) as server:
         config = make_config(
-            [server.url], base / "run", generation={"max_prompt_tokens": 4000, "max_new_tokens": 48}
+            [server.url],
+            base / "run",
+            generation={"max_prompt_tokens": 4000, "max_new_tokens": 48},
+            # samples enough for a chart: fewer are shown as numbers (plots_time.MIN_LOAD_SAMPLES)
+            load={"poll_interval_s": 0.01, "telemetry_interval_s": 0.01},
         )
         pipeline.generate(config, str(prompts), None, progress=False)
+    spread_in_time(base / "run", step_s=1.0, latency_s=4.0)  # a minute of generation
     return base / "run"
 
 
@@ -103,7 +108,7 @@ def test_report_holds_every_section_and_the_numbers_of_status(sim_run: Path) -> 
     for key in ("planned", "written", "failed", "skipped", "left"):
         assert page.headline[key].startswith(f"{status[key]:,}"), (key, page.headline[key])
     assert page.headline["output_tokens"].startswith(f"{status['output_tokens']:,} ")
-    assert page.headline["tok_s"].startswith(f"{status['tok_s']['overall']:,.1f} overall")
+    assert page.headline["tok_s"].startswith(f"{status['tok_s']['overall']:,.1f} over the run's")
     for reason, count in status["finish_reasons"].items():
         assert (
             f"{reason} {count:,} ({count / status['written']:.1%})"
@@ -139,8 +144,8 @@ def test_fixture_canary_and_telemetry_are_drawn_with_their_thresholds(
     canary, load = page.sections["canary"], page.sections["load"]
     assert len(canary.images) == 1 and len(load.images) == 1
     # How near the canary came to firing, the baseline excluded: 0.03 / 0.01 beats -0.05 / -0.02.
-    assert canary.caption.startswith("2 checks after the baseline, 1 not passed")
-    assert "furthest toward its threshold: topk kl 0.03 against 0.01 (300% of the way)" in (
+    assert canary.caption.startswith("1 of 2 checks after the baseline did not pass")
+    assert "came to its threshold: topk kl 0.03 against 0.01 (300% of the way)" in (
         canary.caption
     )
     assert "Last failure: drift on http://a:1 (topk_kl 0.03 > 0.01)." in canary.caption

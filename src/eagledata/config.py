@@ -6,9 +6,11 @@ refuses to continue if any of it would change. Only server addresses and concurr
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import os
 import tomllib
+from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
@@ -243,16 +245,61 @@ class FrozenSettings(Strict):
         return hashlib.sha256(blob).hexdigest()[:16]
 
 
+_TYPE_TAGS = frozenset({"int", "str", "float", "bool", "none", "list", "dict"})
+
+
+def _field_path(loc: tuple[int | str, ...]) -> tuple[str, ...]:
+    """The settings key of an error: pydantic appends the branch of a union it tried (``int``,
+    ``literal['auto']``, ``function-after[...]``), which is no key anyone wrote."""
+    parts = [str(part) for part in loc]
+    while parts and ("[" in parts[-1] or parts[-1] in _TYPE_TAGS):
+        parts.pop()
+    return tuple(parts)
+
+
+def _near_keys(model: type[BaseModel], path: tuple[str, ...]) -> list[str]:
+    """The keys a misspelled ``path`` may have meant, from the model's own fields at its level."""
+    node: type[BaseModel] = model
+    for part in path[:-1]:
+        field = node.model_fields.get(part)
+        annotation = field.annotation if field is not None else None
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            return []
+        node = annotation
+    return difflib.get_close_matches(path[-1], list(node.model_fields), n=1, cutoff=0.75)
+
+
 def format_validation_error(
-    error: ValidationError, source: str = "", flags: frozenset[str] = frozenset()
+    error: ValidationError,
+    source: str = "",
+    flags: Mapping[str, str] | frozenset[str] = frozenset(),
+    model: type[BaseModel] | None = None,
 ) -> str:
-    """One ``source: key.path: message`` line per problem; keys set by a flag say so."""
-    lines = []
+    """One line per key in error: ``source: key.path: message``; a key set by a flag names the
+    flag (``--concurrency 'abc': ...``, from ``flags``: key -> flag), a misspelled key the key
+    it may have meant (from ``model``'s fields). A union's branches are one line, not one each."""
+    by_key: dict[tuple[str, ...], list[dict[str, Any]]] = {}
     for item in error.errors():
-        path = ".".join(str(part) for part in item["loc"])
-        where = "command line: " if path in flags else source
-        message = str(item["msg"]).removeprefix("Value error, ")
-        lines.append(f"{where}{path}: {message}" if path else f"{where}{message}")
+        by_key.setdefault(_field_path(item["loc"]), []).append(dict(item))
+    lines = []
+    for path, items in by_key.items():
+        key = ".".join(path)
+        messages = list(dict.fromkeys(str(i["msg"]).removeprefix("Value error, ") for i in items))
+        message = "; or ".join(messages)
+        if any(i["type"] == "extra_forbidden" for i in items) and model is not None:
+            near = _near_keys(model, path)
+            message = "unknown key" + (f"; did you mean {near[0]!r}?" if near else "")
+        flag = (
+            flags.get(key)
+            if isinstance(flags, Mapping)
+            else ("command line" if key in flags else None)
+        )
+        if flag is not None:
+            value = items[0].get("input")
+            shown = f" {value!r}" if isinstance(value, str | int | float) else ""
+            lines.append(f"{flag}{shown}: {message}")
+        else:
+            lines.append(f"{source}{key}: {message}" if key else f"{source}{message}")
     return "\n".join(lines)
 
 
@@ -278,8 +325,15 @@ def default_config_path() -> Path | None:
     return shipped_path(DEFAULT_CONFIG_PATH.as_posix())
 
 
-def load_config(path: Path | None, overrides: dict[str, Any] | None = None) -> AppConfig:
+def load_config(
+    path: Path | None,
+    overrides: dict[str, Any] | None = None,
+    flag_names: Mapping[str, str] | None = None,
+) -> AppConfig:
     """Load a TOML config, apply dotted-key overrides (CLI flags), validate strictly.
+
+    ``flag_names`` maps an override's key to the flag that set it (``run.concurrency`` ->
+    ``--concurrency``): a bad value is then blamed on the flag, not on the config file.
 
     Relative paths inside the file resolve against the current directory; shipped assets are
     named ``bundled:...`` so the demo config works from any directory.
@@ -307,9 +361,14 @@ def load_config(path: Path | None, overrides: dict[str, Any] | None = None) -> A
     try:
         config = AppConfig.model_validate(raw)
     except ValidationError as exc:
-        flags = frozenset(key for key, value in (overrides or {}).items() if value is not None)
+        names = flag_names or {}
+        flags = {
+            key: names.get(key, "command line")
+            for key, value in (overrides or {}).items()
+            if value is not None
+        }
         source = f"{path}: " if path is not None else ""
-        raise ConfigError(format_validation_error(exc, source, flags)) from None
+        raise ConfigError(format_validation_error(exc, source, flags, AppConfig)) from None
     config._source = str(path) if path is not None else None
     return config
 

@@ -18,8 +18,27 @@ def _tokens(n: int) -> str:
     return str(n)
 
 
-def _days(hours: float | None) -> str:
-    return "-" if hours is None else f"{hours / 24:.1f}"
+WALL_UNITS = (("minutes", 1 / 60), ("hours", 1.0), ("days", 24.0))
+
+
+def wall_unit(rows: Sequence[PlanRow]) -> tuple[str, float]:
+    """The unit the wall-clock row reads best in: the longest estimate under 48 of it (a job of
+    minutes is not '0.0 days')."""
+    longest = max((r.wall_clock_hours_high or r.wall_clock_hours or 0.0 for r in rows), default=0)
+    for name, hours in WALL_UNITS[:-1]:
+        if longest / hours < 48:
+            return name, hours
+    return WALL_UNITS[-1]
+
+
+def _wall(hours: float | None, unit_hours: float) -> str:
+    return "-" if hours is None else f"{hours / unit_hours:,.1f}"
+
+
+def output_tokens(count: float) -> str:
+    """``396.0M output tokens``, ``10,240 output tokens``."""
+    text = f"{count / 1e6:,.1f}M" if count >= 1e6 else f"{count:,.0f}"
+    return f"{text} output tokens"
 
 
 def _common_prefix(names: Sequence[str]) -> str:
@@ -33,7 +52,7 @@ def _common_prefix(names: Sequence[str]) -> str:
     return prefix[: cut + 1] if cut >= 0 else ""
 
 
-def _row_cells(row: PlanRow) -> list[str]:
+def _row_cells(row: PlanRow, unit: float) -> list[str]:
     dtype = row.kv_cache_dtype
     if not row.is_bf16:
         dtype = f"{dtype} REJECTED" if len(dtype) <= 6 else f"{dtype.split('_')[0]} REJECTED"
@@ -54,8 +73,8 @@ def _row_cells(row: PlanRow) -> list[str]:
         _speculative_cell(row),
         f"{row.tok_s:,.0f}",
         f"{row.tok_s_low:,.0f}-{row.tok_s_high:,.0f}",
-        f"{_days(row.wall_clock_hours)} ({_days(row.wall_clock_hours_low)}-"
-        f"{_days(row.wall_clock_hours_high)})",
+        f"{_wall(row.wall_clock_hours, unit)} ({_wall(row.wall_clock_hours_low, unit)}-"
+        f"{_wall(row.wall_clock_hours_high, unit)})",
     ]
 
 
@@ -81,7 +100,7 @@ _ROW_LABELS = [
     "speculative (accept, gain)",
     "gen tok/s",
     "gen tok/s band",
-    "wall clock, days",
+    "wall clock, {unit}",
 ]
 
 
@@ -99,8 +118,12 @@ def render_plan_table(
     ordered = [r for r in rows if r.is_bf16] + [r for r in rows if not r.is_bf16]
     prefix = _common_prefix([row.profile for row in ordered])
     headers = [row.profile[len(prefix) :] or row.profile for row in ordered]
-    columns = [[header, *_row_cells(row)] for header, row in zip(headers, ordered, strict=True)]
-    label_width = max(len(label) for label in _ROW_LABELS)
+    unit_name, unit = wall_unit(ordered)
+    labels = [label.format(unit=unit_name) for label in _ROW_LABELS]
+    columns = [
+        [header, *_row_cells(row, unit)] for header, row in zip(headers, ordered, strict=True)
+    ]
+    label_width = max(len(label) for label in labels)
     col_widths = [max(len(cell) for cell in column) for column in columns]
 
     lines: list[str] = []
@@ -110,8 +133,7 @@ def render_plan_table(
             f"workload: {workload.num_prompts:,} prompts"
             + (f" x {samples} samples" if samples > 1 else "")
             + f", mean prompt {workload.mean_prompt_tokens:,.0f}, mean output "
-            f"{workload.mean_output_tokens:,.0f}: {workload.total_output_tokens / 1e6:,.1f}M "
-            "output tokens"
+            f"{workload.mean_output_tokens:,.0f}: {output_tokens(workload.total_output_tokens)}"
         )
         lines.append(
             f"  {workload.tokens_per_running_request:,.0f} KV tokens per running request; "
@@ -129,7 +151,7 @@ def render_plan_table(
         if start:
             lines.append("")
         chunk = range(start, end)
-        for r, label in enumerate(["", *_ROW_LABELS]):  # row 0: the profile names
+        for r, label in enumerate(["", *labels]):  # row 0: the profile names
             cells = "".join("  " + columns[i][r].ljust(col_widths[i]) for i in chunk)
             lines.append((label.ljust(label_width) + cells).rstrip())
         start = end
@@ -191,7 +213,8 @@ def _verdict(rows: Sequence[PlanRow], headers: Sequence[str]) -> str:
     best_name, best = max(bf16, key=lambda item: item[1].tok_s)
     text = f"best bf16 profile: {best_name}, ~{best.tok_s:,.0f} tok/s"
     if best.wall_clock_hours is not None:
-        text += f" ({best.wall_clock_hours / 24:.1f} days)"
+        name, hours = wall_unit([best])
+        text += f" ({best.wall_clock_hours / hours:,.1f} {name})"
     text += f" [{best.evidence or best.status or 'no status'}]"
     plain = [(h, r) for h, r in bf16 if r.speculative is None]
     spec = [(h, r) for h, r in bf16 if r.speculative is not None]

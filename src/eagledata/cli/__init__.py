@@ -22,6 +22,10 @@ from eagledata.cli.shell import EXIT_INTERRUPTED
 app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
+    # Plain click help: rich's boxed tables squeeze option names and their text into slivers
+    # at 80 columns ("--draft-vocab-s…") and print "<bool>" for flags.
+    rich_markup_mode=None,
+    pretty_exceptions_enable=False,
     help="Token-faithful EAGLE-3 drafter data from an SGLang server, bf16 KV cache enforced.",
 )
 

@@ -22,17 +22,28 @@ def generate(
     dataset: Annotated[
         str,
         typer.Option(
-            "--dataset", "-d", help="Config dataset name, a .jsonl/.json/.parquet file, or a hub id"
+            "--dataset",
+            "-d",
+            metavar="NAME|PATH",
+            help="Config dataset name, a .jsonl/.json/.parquet file, or a hub id",
         ),
     ],
     config: ConfigOpt = None,
     server: ServerOpt = None,
-    tokenizer: Annotated[str | None, typer.Option(help="Tokenizer hub id or local dir")] = None,
-    out: Annotated[Path | None, typer.Option("--out", "-o", help="Run directory")] = None,
-    limit: Annotated[int | None, typer.Option(help="Use only the first N rows")] = None,
-    max_new_tokens: Annotated[int | None, typer.Option(help="Tokens to generate at most")] = None,
+    tokenizer: Annotated[
+        str | None, typer.Option(metavar="NAME|DIR", help="Tokenizer hub id or local dir")
+    ] = None,
+    out: Annotated[
+        Path | None, typer.Option("--out", "-o", metavar="DIR", help="Run directory")
+    ] = None,
+    limit: Annotated[
+        int | None, typer.Option(metavar="N", help="Use only the first N rows")
+    ] = None,
+    max_new_tokens: Annotated[
+        int | None, typer.Option(metavar="N", help="Tokens to generate at most")
+    ] = None,
     concurrency: ConcurrencyOpt = None,
-    samples: Annotated[int | None, typer.Option(help="Samples per prompt")] = None,
+    samples: Annotated[int | None, typer.Option(metavar="N", help="Samples per prompt")] = None,
     progress: ProgressOpt = True,
     no_canary: Annotated[
         bool, typer.Option("--no-canary", help="No logprob canary (frozen for the run)")
@@ -102,7 +113,9 @@ def canary(
     checks: Annotated[int, typer.Option(help="With --against: how many checks")] = 6,
     config: ConfigOpt = None,
     server: ServerOpt = None,
-    tokenizer: Annotated[str | None, typer.Option(help="Tokenizer hub id or local dir")] = None,
+    tokenizer: Annotated[
+        str | None, typer.Option(metavar="NAME|DIR", help="Tokenizer hub id or local dir")
+    ] = None,
 ) -> None:
     """Record a canary baseline from a server you trust (for --canary-baseline), or score a
     server against one (--against; docs/quality.md, calibration)."""

@@ -83,10 +83,13 @@ def launch_server(
     extra = list(ctx.args)
     script = script or default_script()
     chosen = guarded(lambda: load_profile(profile or DEFAULT_PROFILE, profiles_dir))
+    picked = "" if profile else " (the default; --profile NAME picks another)"
     if dry_run:
         command = guarded(lambda: build_launch_command(chosen, extra, script=str(script)))
+        typer.echo(f"profile {chosen.name}{picked}: {chosen.source}", err=True)
         typer.echo(format_command(command))
         return
+    typer.echo(f"profile {chosen.name}{picked}: {chosen.source}", err=True)
     result = guarded(
         lambda: launch_and_wait(
             chosen,
@@ -120,7 +123,12 @@ def plan(
     server: ServerOpt = None,
     sample_rows: Annotated[int, typer.Option(help="Prompts to tokenize for the sample")] = 2000,
     mean_output_tokens: Annotated[
-        float | None, typer.Option(help="Expected mean answer length (default: max_new_tokens)")
+        float | None,
+        typer.Option(
+            metavar="N",
+            help="Expected mean answer length (default: 4,500, the reference job's; with "
+            "--dataset: that config's max_new_tokens)",
+        ),
     ] = None,
     profiles_dir: ProfilesDirOpt = None,
     accept_length: Annotated[

@@ -38,12 +38,14 @@ ConfigOpt = Annotated[
     typer.Option(
         "--config",
         "-c",
+        metavar="FILE",
         help="TOML config (default: $EAGLEDATA_CONFIG, ./configs/eagledata.toml, else shipped)",
         dir_okay=False,
     ),
 ]
 ServerOpt = Annotated[
-    list[str] | None, typer.Option("--server", "-s", help="SGLang server URL; repeat for several")
+    list[str] | None,
+    typer.Option("--server", "-s", metavar="URL", help="SGLang server URL; repeat for several"),
 ]
 ProgressOpt = Annotated[bool, typer.Option("--progress/--no-progress", help="Show the live bar")]
 ConcurrencyOpt = Annotated[
@@ -56,15 +58,37 @@ ConcurrencyOpt = Annotated[
 ]
 ProfilesDirOpt = Annotated[
     Path | None,
-    typer.Option(help="Profiles folder (default: ./configs/profiles, else the shipped profiles)"),
+    typer.Option(
+        metavar="DIR",
+        help="Profiles folder (default: ./configs/profiles, else the shipped profiles)",
+    ),
 ]
 
 
+FLAG_NAMES = {
+    "canary.enabled": "--no-canary",
+    "canary.baseline": "--canary-baseline",
+    "server.urls": "--server",
+    "tokenizer.name": "--tokenizer",
+    "run.limit": "--limit",
+    "generation.max_new_tokens": "--max-new-tokens",
+    "generation.samples_per_prompt": "--samples",
+    "run.concurrency": "--concurrency",
+}
+"""The flag that sets each override, so a bad value is blamed on the flag, not the file."""
+
+
 def load_app_config(config_path: Path | None, overrides: dict[str, Any]) -> AppConfig:
-    return load_config(config_path or default_config_path(), overrides)
+    return load_config(config_path or default_config_path(), overrides, FLAG_NAMES)
+
+
+EXIT_NOTHING_WRITTEN = 7
 
 
 def finish_run(summary: Any) -> None:
     typer.echo(summary.render())
     if summary.interrupted:
         raise typer.Exit(EXIT_INTERRUPTED)
+    if summary.all_failed:
+        typer.echo(f"eagledata: error: {summary.all_failed}", err=True)
+        raise typer.Exit(EXIT_NOTHING_WRITTEN)

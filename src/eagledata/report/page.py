@@ -17,6 +17,7 @@ import orjson
 from eagledata import __version__
 from eagledata.report.rundata import RunData
 from eagledata.report.sections import WIDTH_IN, Plot, duration
+from eagledata.rundir.rates import MIN_RATED_S, TOO_SHORT
 from eagledata.rundir.status import lane_key
 
 CSS = """
@@ -152,12 +153,7 @@ def headline_rows(status: dict[str, Any]) -> list[tuple[str, str, str]]:
             f"{_count(status.get('output_tokens'))} "
             f"(prompt tokens {_count(status.get('prompt_tokens'))})",
         ),
-        (
-            "tok_s",
-            "output tok/s",
-            f"{tok_s.get('overall', 0):,.1f} overall, "
-            f"{tok_s.get('recent', 0):,.1f} in the last 10 min",
-        ),
+        ("tok_s", "output tok/s", _rates(tok_s)),
         ("eta_s", "ETA", "plan done" if status.get("left") == 0 else _eta(eta)),
         ("finish_reasons", "finish reasons", _reasons(status.get("finish_reasons") or {}, written)),
         ("failure_reasons", "failure reasons", _reasons(failure_reasons, failed_total)),
@@ -176,7 +172,7 @@ def _cards(status: dict[str, Any]) -> str:
     planned, written = status.get("planned"), status.get("written") or 0
     done = written + (status.get("failed") or 0) + (status.get("skipped") or 0)
     progress = f"{done / planned:.1%} of the plan done" if planned else "plan size unknown"
-    tok_s = (status.get("tok_s") or {}).get("overall") or 0.0
+    tok_s = (status.get("tok_s") or {}).get("overall")
     finish = status.get("finish_reasons") or {}
     cut = finish.get("length", 0)
     cards = [
@@ -186,7 +182,11 @@ def _cards(status: dict[str, Any]) -> str:
             _count(status.get("left")),
             "plan done" if status.get("left") == 0 else f"ETA {_eta(status.get('eta_s'))}",
         ),
-        ("output tok/s", f"{tok_s:,.0f}", "overall, completion times"),
+        (
+            "output tok/s",
+            "-" if tok_s is None else f"{tok_s:,.0f}",
+            TOO_SHORT if tok_s is None else "over the run's active time",
+        ),
         ("cut at max_new_tokens", f"{cut / written:.1%}" if written else "-", f"{cut:,} answers"),
         (
             "failed + skipped",
@@ -199,6 +199,18 @@ def _cards(status: dict[str, Any]) -> str:
         f'<div class="n">{escape(n)}</div></div>'
         for k, v, n in cards
     )
+
+
+def _rates(tok_s: dict[str, Any]) -> str:
+    """The run's rate as ``status`` defines it (rundir/rates.py), and the last 10 minutes'."""
+    overall, recent = tok_s.get("overall"), tok_s.get("recent")
+    active = float(tok_s.get("active_s") or 0.0)
+    if overall is None:
+        return f"{TOO_SHORT} ({active:,.1f} s of active time; rates need {MIN_RATED_S:g} s)"
+    text = f"{overall:,.1f} over the run's {duration(active)} of active time"
+    if recent is not None:
+        text += f", {recent:,.1f} in the last 10 min"
+    return text
 
 
 def _eta(value: Any) -> str:

@@ -11,13 +11,12 @@ from eagledata.report.plotting import (
     GREY,
     ORANGE,
     RED,
-    as_datetimes,
+    RunClock,
     new_figure,
     render,
     styled,
-    time_axis,
 )
-from eagledata.report.rundata import RunData
+from eagledata.report.rundata import CanaryCheck, RunData
 from eagledata.report.sections import Plot, missing
 
 CANARY_COLOURS = {"pass": GREEN, "drift": RED, "mismatch": RED, "error": ORANGE}
@@ -37,6 +36,26 @@ def toward_threshold(name: str, value: float, limit: float) -> float | None:
 
 
 SERVER_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+MIN_POINTS = 3
+"""Fewer scorings than this draw no picture: their verdicts are listed instead."""
+
+
+def _verdicts(checks: list[CanaryCheck], failed: list[CanaryCheck]) -> str:
+    if not checks:
+        return "No check after the baseline yet"
+    if not failed:
+        return f"All {len(checks):,} checks after the baseline passed"
+    return f"{len(failed):,} of {len(checks):,} checks after the baseline did not pass"
+
+
+def _few_checks(data: RunData) -> str:
+    checks = [c for c in data.canary if c.kind != "baseline"]
+    failed = [c for c in checks if c.verdict != "pass"]
+    baseline = len(data.canary) - len(checks)
+    return (
+        f"{_verdicts(checks, failed)}; {baseline} baseline scoring{'s' if baseline != 1 else ''}. "
+        f"Too few scorings to draw (a chart needs {MIN_POINTS})."
+    )
 
 
 def canary_plot(data: RunData) -> Plot:
@@ -57,7 +76,11 @@ def canary_plot(data: RunData) -> Plot:
     servers = sorted({check.server for check in data.canary})
     columns = 2 if len(names) > 1 else 1
     rows = math.ceil(len(names) / columns)
+    checks = [c for c in data.canary if c.kind != "baseline"]
+    if len(data.canary) < MIN_POINTS:
+        return missing(key, title, _few_checks(data))
     closest: tuple[float, str, float, float] | None = None
+    clock = RunClock.spanning(*data.span())
     with styled():
         figure = new_figure(0.6 + 2.0 * rows)
         axes = figure.subplots(rows, columns, squeeze=False).ravel()
@@ -67,7 +90,7 @@ def canary_plot(data: RunData) -> Plot:
                 for verdict in sorted({c.verdict for c in points}):
                     chosen = [c for c in points if c.verdict == verdict]
                     ax.scatter(
-                        as_datetimes([c.time for c in chosen]),
+                        clock.x([c.time for c in chosen]),
                         [c.stats[name] for c in chosen],
                         s=16,
                         marker=marker,
@@ -77,7 +100,7 @@ def canary_plot(data: RunData) -> Plot:
                         label=f"{verdict}" + (f" ({server})" if len(servers) > 1 else ""),
                     )
                 ax.plot(
-                    as_datetimes([c.time for c in points]),
+                    clock.x([c.time for c in points]),
                     [c.stats[name] for c in points],
                     color=GREY,
                     linewidth=0.6,
@@ -85,7 +108,7 @@ def canary_plot(data: RunData) -> Plot:
                 )
             limits = [c for c in data.canary if name in c.thresholds]
             if limits:
-                limit_times = as_datetimes([c.time for c in limits])
+                limit_times = clock.x([c.time for c in limits])
                 values = np.array([c.thresholds[name] for c in limits])
                 below = name in FIRES_BELOW
                 ax.step(
@@ -106,21 +129,20 @@ def canary_plot(data: RunData) -> Plot:
                         closest = (ratio, name, check.stats[name], limit)
             ax.set_title(name.replace("_", " "), loc="left", fontsize=9)
             ax.set_ylabel("value")
-            time_axis(ax)
+            clock.axis(ax)
             handles, labels = ax.get_legend_handles_labels()
             unique = dict(zip(labels, handles, strict=True))
             ax.legend(unique.values(), unique.keys(), loc="best", ncols=3)
         for ax in axes[len(names) :]:
             ax.set_visible(False)
         png = render(figure)
-    checks = [c for c in data.canary if c.kind != "baseline"]
     failed = [c for c in checks if c.verdict != "pass"]
-    caption = f"{len(checks):,} checks after the baseline, {len(failed)} not passed"
+    caption = _verdicts(checks, failed)
     if closest is not None:
         ratio, name, value, limit = closest
         caption += (
-            f"; furthest toward its threshold: {name.replace('_', ' ')} {value:.3g} against "
-            f"{limit:.3g} ({ratio:.0%} of the way)"
+            f"; the closest any statistic came to its threshold: {name.replace('_', ' ')} "
+            f"{value:.3g} against {limit:.3g} ({ratio:.0%} of the way)"
         )
     caption += ". Outlined points are baseline scorings."
     if failed:

@@ -15,15 +15,15 @@ from eagledata.report.plotting import (
     PURPLE,
     RED,
     SKY,
-    as_datetimes,
+    RunClock,
     new_figure,
     render,
     styled,
     thousands,
-    time_axis,
 )
 from eagledata.report.rundata import LoadSeries, RunData
 from eagledata.report.sections import Plot, duration, missing
+from eagledata.rundir.rates import MIN_RATED_S, TOO_SHORT
 
 # Bin widths for the rate plot, seconds: the smallest that leaves at most MAX_BINS bins.
 BIN_WIDTHS = (
@@ -53,6 +53,8 @@ BIN_WIDTHS = (
 )
 MAX_BINS = 150
 MAX_LOAD_PANELS = 8
+MIN_LOAD_SAMPLES = 3
+"""Fewer samples than this draw no picture: their numbers say more than a chart of a point."""
 
 
 def rate_bins(
@@ -88,17 +90,28 @@ def throughput_plot(data: RunData) -> Plot:
         return missing(key, title, why)
     times, tokens = times[dated], tokens[dated]
     first, last = float(times.min()), float(times.max())
+    rates = data.status.get("tok_s") or {}
+    overall = rates.get("overall")
+    if overall is None:  # the one definition (rundir/rates.py) says the run is too short
+        active = float(rates.get("active_s") or 0.0)
+        return missing(
+            key,
+            title,
+            f"{data.records.records:,} answers, {int(tokens.sum()):,} output tokens over "
+            f"{active:,.1f} s of active time: {TOO_SHORT} (rates need {MIN_RATED_S:g} s), so no "
+            "rate is drawn.",
+        )
     # From the first answer (what precedes it is start-up: the KV checks and the canary's
     # baseline) to the last answer or the last event after it: a server that came back, or was
     # refused, after the last answer is part of the story.
     events = [c.time for c in data.checks] + [r.time for r in data.reconnects]
     start, end = first, max([last, *events])
     starts, rate, width = rate_bins(times, tokens, start, end)
-    overall = float(data.status["tok_s"]["overall"] or 0.0)
+    clock = RunClock.spanning(*data.span())
     with styled():
         figure = new_figure(3.3)
         ax = figure.add_subplot()
-        edges = as_datetimes(np.append(starts, starts[-1] + width))
+        edges = clock.x(np.append(starts, starts[-1] + width))
         ax.stairs(rate, edges, fill=True, color=BLUE, alpha=0.25, linewidth=0)
         ax.stairs(rate, edges, color=BLUE, linewidth=1.2, label=f"output tok/s per {width:g} s")
         if overall > 0:
@@ -107,14 +120,14 @@ def throughput_plot(data: RunData) -> Plot:
                 color=INK,
                 linestyle="--",
                 linewidth=1,
-                label=f"overall {overall:,.0f} tok/s",
+                label=f"run {overall:,.0f} tok/s (over its active time)",
             )
         ax.set_ylabel("output tokens / s")
         ax.yaxis.set_major_formatter(thousands)
         ax.set_ylim(bottom=0, top=max(float(rate.max()), overall) * 1.25 or 1.0)
-        _mark_checks(ax, data, start - width, end + width)
+        _mark_checks(ax, data, clock, start - width, end + width)
         ax.set_xlim(edges[0], edges[-1])
-        time_axis(ax)
+        clock.axis(ax)
         ax.legend(loc="upper left", ncols=4)
         png = render(figure)
     refused = sum(1 for c in data.checks if not c.ok)
@@ -127,7 +140,7 @@ def throughput_plot(data: RunData) -> Plot:
     return Plot(key, title, caption, png)
 
 
-def _mark_checks(ax: Any, data: RunData, start: float, end: float) -> None:
+def _mark_checks(ax: Any, data: RunData, clock: RunClock, start: float, end: float) -> None:
     """KV checks as ticks along the bottom (green passed, red refused), reconnects as lines."""
     checks = [c for c in data.checks if start <= c.time <= end]
     passed = [c.time for c in checks if c.ok]
@@ -135,7 +148,7 @@ def _mark_checks(ax: Any, data: RunData, start: float, end: float) -> None:
     transform = ax.get_xaxis_transform()  # x in data, y in axes fraction
     if passed:
         ax.vlines(
-            as_datetimes(passed),
+            clock.x(passed),
             0,
             0.04,
             transform=transform,
@@ -145,7 +158,7 @@ def _mark_checks(ax: Any, data: RunData, start: float, end: float) -> None:
         )
     if refused:
         ax.vlines(
-            as_datetimes(refused),
+            clock.x(refused),
             0,
             1,
             transform=transform,
@@ -156,7 +169,7 @@ def _mark_checks(ax: Any, data: RunData, start: float, end: float) -> None:
     back = [r for r in data.reconnects if start <= r.time <= end]
     if back:
         ax.vlines(
-            as_datetimes([r.time for r in back]),
+            clock.x([r.time for r in back]),
             0,
             1,
             transform=transform,
@@ -189,13 +202,17 @@ def load_plot(data: RunData) -> Plot:
             "telemetry.jsonl holds no KV usage or running counts: the servers exported no load "
             "endpoint (/v1/loads, /metrics or /get_load).",
         )
+    samples = sum(len(data.load[label].time) for label in usable)
+    if samples < MIN_LOAD_SAMPLES * len(usable):
+        return missing(key, title, _few_samples(data, usable))
     shown = usable[:MAX_LOAD_PANELS]
+    clock = RunClock.spanning(*data.span())
     with styled():
         figure = new_figure(1.0 + 2.1 * len(shown))
         axes = figure.subplots(len(shown), 1, sharex=True, squeeze=False)[:, 0]
         for ax, label in zip(axes, shown, strict=True):
-            _load_panel(ax, data.load[label], label)
-        time_axis(axes[-1])
+            _load_panel(ax, data.load[label], label, clock)
+        clock.axis(axes[-1])
         png = render(figure)
     retractions = sum(_retractions(data.load[label]) for label in labels)
     peak = max(_peak(data.load[label].token_usage) for label in labels)
@@ -208,6 +225,29 @@ def load_plot(data: RunData) -> Plot:
     if len(usable) > len(shown):
         caption += f" Showing the first {len(shown)} of {len(usable)} servers/ranks."
     return Plot(key, title, caption, png)
+
+
+def _few_samples(data: RunData, labels: list[str]) -> str:
+    """Too few samples for a chart: their numbers, and why there is no picture."""
+    parts = []
+    for label in labels:
+        series = data.load[label]
+        last = len(series.time) - 1
+        usage, running, queued = (
+            series.token_usage[last],
+            series.running[last],
+            series.queued[last],
+        )
+        numbers = [f"KV {usage:.0%}" if math.isfinite(usage) else "KV unknown"]
+        numbers += [f"{running:.0f} running"] if math.isfinite(running) else []
+        numbers += [f"{queued:.0f} queued"] if math.isfinite(queued) else []
+        samples = f"{len(series.time)} sample{'s' if len(series.time) != 1 else ''}"
+        parts.append(f"{label}: {samples}, last {', '.join(numbers)}")
+    return (
+        "; ".join(parts)
+        + f". Too few samples to draw (a chart needs {MIN_LOAD_SAMPLES} per server): the run "
+        "was shorter than a few sample periods (load.telemetry_interval_s)."
+    )
 
 
 def _has_any(values: Any) -> bool:
@@ -268,9 +308,9 @@ def load_columns(series: LoadSeries) -> dict[str, np.ndarray[Any, Any]]:
     return {name: values[keep] for name, values in binned.items()}
 
 
-def _load_panel(ax: Any, series: LoadSeries, label: str) -> None:
+def _load_panel(ax: Any, series: LoadSeries, label: str, clock: RunClock) -> None:
     columns = load_columns(series)
-    times = as_datetimes(columns["time"])
+    times = clock.x(columns["time"])
     usage = columns["token_usage"] * 100
     ax.fill_between(times, usage, color=SKY, alpha=0.35, linewidth=0, step="post")
     ax.step(times, usage, where="post", color=BLUE, linewidth=1, label="KV usage %")

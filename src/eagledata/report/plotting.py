@@ -1,4 +1,4 @@
-"""What every plot shares: the result type, the look, time axes in UTC, PNG rendering.
+"""What every plot shares: the look, time axes relative to the run's start, PNG rendering.
 
 matplotlib through its object API (``Figure``, rendered by the Agg canvas), never ``pyplot``: no
 global state, no GUI backend, nothing that needs a display.
@@ -9,10 +9,10 @@ from __future__ import annotations
 import io
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from typing import Any, cast
 
 import numpy as np
-from matplotlib import dates as mdates
 from matplotlib import rc_context
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -45,7 +45,6 @@ STYLE: dict[str, Any] = {
     "ytick.color": "#444444",
     "legend.fontsize": 8,
     "legend.frameon": False,
-    "timezone": "UTC",
 }
 DPI = 144  # drawn at twice the CSS size they are shown at: sharp on a laptop's screen
 
@@ -67,19 +66,30 @@ def render(figure: Figure) -> bytes:
     return buffer.getvalue()
 
 
-def as_datetimes(times: Sequence[float] | np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
-    """Unix seconds as numpy datetimes, which matplotlib draws as dates (UTC)."""
-    seconds = np.asarray(times, dtype=np.float64)
-    return (seconds * 1e6).astype("datetime64[us]")
+@dataclass(frozen=True)
+class RunClock:
+    """Time axes in the run's own time: seconds, minutes or hours since it started (a wall
+    clock's dates say little about a run of seconds, and nothing shared across runs)."""
 
+    origin: float
+    """Unix seconds of the run's start: every plot of one report counts from it."""
+    unit_s: float
+    unit: str
 
-def time_axis(ax: Axes, label: str = "time (UTC)") -> None:
-    locator = mdates.AutoDateLocator(minticks=4, maxticks=9)  # type: ignore[no-untyped-call]
-    ax.xaxis.set_major_locator(locator)
-    ax.xaxis.set_major_formatter(
-        mdates.ConciseDateFormatter(locator)  # type: ignore[no-untyped-call]
-    )
-    ax.set_xlabel(label)
+    @classmethod
+    def spanning(cls, origin: float, end: float) -> RunClock:
+        span = max(end - origin, 0.0)
+        if span < 300:
+            return cls(origin, 1.0, "seconds")
+        if span < 5 * 3600:
+            return cls(origin, 60.0, "minutes")
+        return cls(origin, 3600.0, "hours")
+
+    def x(self, times: Sequence[float] | np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        return (np.asarray(times, dtype=np.float64) - self.origin) / self.unit_s
+
+    def axis(self, ax: Axes) -> None:
+        ax.set_xlabel(f"{self.unit} since the run started")
 
 
 def thousands(value: float, _position: object = None) -> str:

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+import numpy as np
+
 from eagledata.report.headline import status_snapshot
 from eagledata.report.records_scan import RecordSeries, scan_records
 from eagledata.rundir.journal import iter_jsonl_lines
@@ -96,6 +98,19 @@ class RunData:
     generated_at: float
     # lines of side files that did not have the documented shape: {file name: count}
     skipped_lines: Counter[str] = field(default_factory=Counter)
+
+    def span(self) -> tuple[float, float]:
+        """(start, end) in unix seconds: from the run's creation to its last event."""
+        created = np.frombuffer(self.records.created_at, dtype=np.float64)
+        created = created[created > 0]
+        times = [c.time for c in self.checks] + [c.time for c in self.canary]
+        for series in self.load.values():
+            if len(series.time):
+                times.append(max(series.time))
+        if created.size:
+            times += [float(created.min()), float(created.max())]
+        start = self.info.started_at or (min(times) if times else 0.0)
+        return start, max([start, *times])
 
 
 def gather(path: Path) -> RunData:

@@ -17,6 +17,7 @@ from eagledata.run.session import Run
 from eagledata.rundir.manifest import RunDir
 from eagledata.simserver.demo import simulated_server
 from eagledata.source.dataset import ResolvedDataset, check_local_source, resolve_dataset
+from eagledata.source.preflight import check_first_rows
 from eagledata.tasks import run_until_done
 
 
@@ -65,6 +66,7 @@ def generate(
 ) -> Summary:
     dataset = resolve_dataset(dataset_arg, config.datasets)
     check_local_source(dataset, config.source)  # before the run dir, tokenizer, server
+    check_first_rows(dataset, config.source)
     out = out_dir or config.run.out_dir or default_out_dir(dataset)
     return _execute(config, dataset, out, progress)
 
@@ -106,5 +108,5 @@ def _with_concurrency(run: RunSettings, concurrency: int | str) -> RunSettings:
         return RunSettings.model_validate({**run.model_dump(), "concurrency": concurrency})
     except ValidationError as exc:
         raise ConfigError(
-            format_validation_error(exc, "", frozenset({"run.concurrency"}))
+            format_validation_error(exc, "", {"concurrency": "--concurrency"})
         ) from None

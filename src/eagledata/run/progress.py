@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import shutil
 import sys
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TextIO
 
 from tqdm import tqdm
@@ -38,27 +39,60 @@ class RateWindow:
         return self._sum / span
 
 
+LOG_EVERY_S = 30.0
+"""Off a terminal (a log file, CI), one plain progress line this often."""
+BAR_MIN_COLUMNS = 70
+"""In a terminal, tqdm's counts, times and rate (~50 characters) and a bar of at least 20 keep this
+much of the line; the suffix gets the rest."""
+
+
+def fit_suffix(fields: dict[str, object], room: int) -> str:
+    """``key=value`` pairs, dropping the last ones until they fit in ``room`` characters (the
+    first are the ones that matter: tok/s, then the servers' load, then ours)."""
+    parts = [f"{key}={value}" for key, value in fields.items()]
+    while parts and len(", ".join(parts)) > room:
+        parts.pop()
+    return ", ".join(parts)
+
+
 class Progress:
-    """Records done of planned, output tok/s, requests in flight, held by the guard, ETA."""
+    """Records done of planned, output tok/s, requests in flight, held by the guard, ETA.
+
+    In a terminal: tqdm's live bar, its suffix cut to the terminal's width. Anywhere else (a
+    log file, CI): no bar (its carriage returns join every update into one line), but one plain
+    line every ``log_every_s``, ending in a newline.
+    """
 
     def __init__(
-        self, *, total: int | None, initial: int, enabled: bool = True, stream: TextIO | None = None
+        self,
+        *,
+        total: int | None,
+        initial: int,
+        enabled: bool = True,
+        stream: TextIO | None = None,
+        log_every_s: float = LOG_EVERY_S,
     ) -> None:
         self.rate = RateWindow()
-        out = stream or sys.stderr
-        # In a log file (nohup, CI) a bar redrawn ten times a second would bury everything else.
-        interactive = hasattr(out, "isatty") and out.isatty()
+        self._out = stream or sys.stderr
+        self.interactive = hasattr(self._out, "isatty") and self._out.isatty()
+        self.enabled = enabled
+        self.total = total
+        self.done = initial
+        self.log_every_s = log_every_s
+        self._started = time.monotonic()
+        self._last_log = self._started
         self._bar = tqdm(
             total=total,
             initial=initial,
             unit="rec",
             dynamic_ncols=True,
-            disable=not enabled,
-            file=out,
+            disable=not (enabled and self.interactive),
+            file=self._out,
             smoothing=0.05,
-            mininterval=0.1 if interactive else 30.0,
+            mininterval=0.1,
         )
         self._last_postfix = 0.0
+        self._fields: dict[str, object] = {}
 
     def advance(
         self,
@@ -71,20 +105,43 @@ class Progress:
         """One more item done; ``load`` adds the servers' KV usage, running and queued."""
         if tokens:
             self.rate.add(tokens)
+        self.done += 1
         self._bar.update(1)
         now = time.monotonic()
         if now - self._last_postfix >= 0.5:
             self._last_postfix = now
-            postfix: dict[str, object] = {"tok/s": f"{self.rate.rate(now):,.0f}", **(load or {})}
-            postfix.update(in_flight=in_flight, held=held)
-            self._bar.set_postfix(postfix, refresh=False)
+            fields: dict[str, object] = {"tok/s": f"{self.rate.rate(now):,.0f}", **(load or {})}
+            fields.update(in_flight=in_flight, held=held)
+            self._fields = fields
+            self._show(fields)
+        if self.enabled and not self.interactive and now - self._last_log >= self.log_every_s:
+            self._last_log = now
+            self._log_line()
+
+    def _show(self, fields: dict[str, object]) -> None:
+        if self._bar.disable:
+            return
+        width = self._bar.ncols or shutil.get_terminal_size().columns
+        self._bar.set_postfix_str(fit_suffix(fields, width - BAR_MIN_COLUMNS), refresh=False)
+
+    def _log_line(self) -> None:
+        done = f"{self.done:,}" + (f"/{self.total:,}" if self.total else "")
+        share = f" ({self.done / self.total:.1%})" if self.total else ""
+        elapsed = time.monotonic() - self._started
+        suffix = ", ".join(f"{key} {value}" for key, value in self._fields.items())
+        self._out.write(f"progress: {done} records{share} after {elapsed:,.0f} s; {suffix}\n")
+        self._out.flush()
 
     def note(self, message: str) -> None:
-        self._bar.write(message, file=sys.stderr)
+        if self._bar.disable:
+            self._out.write(message + "\n")
+            self._out.flush()
+        else:
+            self._bar.write(message, file=self._out)
 
     def close(self) -> None:
         # The last postfix may be half a second old: show the final state, not a stale one.
-        self._bar.set_postfix({"tok/s": f"{self.rate.rate():,.0f}", "in_flight": 0, "held": 0})
+        self._show({"tok/s": f"{self.rate.rate():,.0f}", "in_flight": 0, "held": 0})
         self._bar.close()
 
 
@@ -105,12 +162,20 @@ class Summary:
     canary: str = ""
     checks_s: float = 0.0
     """Seconds production waited on the canary's start and the final checks."""
+    rate: str = ""
+    """The run's output rate, as ``status`` says it (rundir/rates.py)."""
+    failure_reasons: dict[str, int] = field(default_factory=dict)
 
     @property
-    def tok_per_s(self) -> float:
-        """Output tokens per second of generation: time spent waiting on checks excluded."""
-        working = self.elapsed_s - self.checks_s
-        return self.session_tokens / working if working > 0 else 0.0
+    def all_failed(self) -> str | None:
+        """Why a finished plan wrote no record at all (every item failed), or None."""
+        if self.written or not self.failed or self.left or self.interrupted:
+            return None
+        reasons = ", ".join(f"{name} {n:,}" for name, n in sorted(self.failure_reasons.items()))
+        return (
+            f"every item failed, no record was written ({reasons}); the reasons are in "
+            f"{self.run_dir}/failures.jsonl"
+        )
 
     def render(self) -> str:
         planned = "?" if self.planned is None else f"{self.planned:,}"
@@ -119,10 +184,11 @@ class Summary:
             f"planned {planned} = written {self.written:,} + failed {self.failed:,} "
             f"+ skipped {self.skipped:,} + left {left}",
             f"this session: {self.session_records:,} records, {self.session_failures:,} failures, "
-            f"{self.session_tokens:,} output tokens in {self.elapsed_s:,.1f}s "
-            f"({self.tok_per_s:,.1f} tok/s"
-            + (f"; {self.checks_s:,.1f}s of checks not counted)" if self.checks_s >= 0.05 else ")"),
+            f"{self.session_tokens:,} output tokens in {self.elapsed_s:,.1f} s"
+            + (f" ({self.checks_s:,.1f} s of it on checks)" if self.checks_s >= 0.05 else ""),
         ]
+        if self.rate:
+            lines.append(f"rate: {self.rate}")
         if self.quality:
             lines.append(f"quality: {self.quality}")
         if self.canary:

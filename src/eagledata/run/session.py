@@ -27,7 +27,12 @@ from eagledata.run.progress import Progress, Summary
 from eagledata.run.records import make_record
 from eagledata.run.scheduler import RetryPolicy, Scheduler
 from eagledata.run.session_state import SessionFiles, SessionParts
-from eagledata.run.signals import first_fatal, stop_on_signals, write_task_dump
+from eagledata.run.signals import (
+    cancel_on_signals,
+    first_fatal,
+    stop_on_signals,
+    write_task_dump,
+)
 from eagledata.run.writer import FailureLog, ShardWriter
 from eagledata.rundir.journal import Journal
 from eagledata.rundir.manifest import RunDir, RunTotals, scan_totals
@@ -42,6 +47,11 @@ from eagledata.source.workplan import Outcome, WorkItem, WorkPlan
 from eagledata.tasks import TaskScope
 
 PLAN_BATCH = 64
+RECENT_WINDOW_S = 600.0
+STARTUP_STOPPED = (
+    "interrupted while starting (checking the servers, the canary's baseline): nothing was "
+    "generated yet"
+)
 TASK_SHUTDOWN_S = 10.0
 """How long the checks and the controller get to end once the work is done: a task still
 running then is reported (one line, a dump file in the run directory) and abandoned."""
@@ -109,14 +119,16 @@ class Run:
         files = self._open_files()
         parts: SessionParts | None = None
         try:
-            tokenizer = None if files.all_done else await self._tokenizer()
             async with self._client() as client:
-                parts = await self._contact_servers(client, files, tokenizer)
-                await self._start_canary(parts, tokenizer)
-                await self._start_load_controller(parts)
+                with cancel_on_signals(self._on_startup_stop):
+                    tokenizer = None if files.all_done else await self._tokenizer()
+                    parts = await self._contact_servers(client, files, tokenizer)
+                    await self._start_canary(parts, tokenizer)
+                    await self._start_load_controller(parts)
                 await self._generate(parts)
         except asyncio.CancelledError:
-            self.interrupted = "interrupted twice: in-flight requests abandoned"
+            if self.interrupted != STARTUP_STOPPED:
+                self.interrupted = "interrupted twice: in-flight requests abandoned"
         finally:
             files.close(parts)
         plan = None if parts is None else parts.plan
@@ -368,6 +380,9 @@ class Run:
             file=sys.stderr,
         )
 
+    def _on_startup_stop(self) -> None:
+        self.interrupted = STARTUP_STOPPED
+
     def _on_stop(self) -> None:
         """The first SIGINT/SIGTERM: the session ends once in-flight requests finish."""
         self.interrupted = "interrupted"
@@ -390,6 +405,8 @@ class Run:
             quality=totals.quality_line(),
             interrupted=self.interrupted,
             checks_s=self.checks_s,
+            rate=totals.rates(time.time(), RECENT_WINDOW_S)[0].text(),
+            failure_reasons=dict(totals.failure_reasons),
             canary=canary_line(canary_summary(self.run_dir.path, self.run_dir.read()))
             if self.run_dir.exists()
             else "",

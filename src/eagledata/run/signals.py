@@ -89,3 +89,28 @@ def stop_on_signals(
     finally:
         for signum in installed:
             loop.remove_signal_handler(signum)
+
+
+@contextlib.contextmanager
+def cancel_on_signals(on_signal: Callable[[], None]) -> Iterator[None]:
+    """Before the work starts (the servers' checks, the canary's baseline): one SIGINT/SIGTERM
+    calls ``on_signal`` and cancels the task that entered this block; there is nothing in flight
+    to finish. ``stop_on_signals`` takes over once requests are sent."""
+    loop = asyncio.get_running_loop()
+    main_task = asyncio.current_task()
+
+    def on_interrupt() -> None:
+        on_signal()
+        if main_task is not None:
+            main_task.cancel()
+
+    installed = []
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            loop.add_signal_handler(signum, on_interrupt)
+            installed.append(signum)
+    try:
+        yield
+    finally:
+        for signum in installed:
+            loop.remove_signal_handler(signum)

@@ -282,6 +282,10 @@ class ShardIndexLine(Line):
     ids: list[str] = Field(description="each record's id")
     completion_lengths: list[int] = Field(description="each record's answer length")
     created_at: list[float] = Field(description="each record's completion time")
+    started_at: list[float] = Field(
+        description="each record's send time: completion minus SGLang's e2e latency (its "
+        "completion time when the latency is unknown); the run's active time is their union"
+    )
     spec_verify_ct: list[int] = Field(description="each record's verify count, 0 where none")
     digest: str = Field(default="", description="blake2b-128 of the object without it")
 

@@ -49,6 +49,7 @@ from eagledata.rundir.journal import (
     storage_error,
 )
 from eagledata.rundir.lines import FailureLine, LineError, RecordLine, line_schemas
+from eagledata.rundir.rates import Rate, run_rates
 from eagledata.rundir.shardindex import IndexRead, iter_indexes
 
 SCHEMA_VERSION = 1
@@ -84,8 +85,10 @@ class RunTotals:
     completion_tokens: int = 0
     # 16 B an id (``idset``): a million done ids cost 16 MB, not 100
     done_ids: CompactIdSet = field(default_factory=CompactIdSet)
-    # (completion time, completion tokens) of records, for the recent rate in ``status``
-    recent: list[tuple[float, int]] = field(default_factory=list)
+    # Per record, aligned with ``output_lengths``: when its request was sent and when it
+    # completed, for the run's active time (rundir/rates.py): 16 B a record.
+    starts: array[float] = field(default_factory=lambda: array("d"))
+    ends: array[float] = field(default_factory=lambda: array("d"))
     failure_reasons: dict[str, int] = field(default_factory=dict)
     # Quality, not speed: an answer cut at max_new_tokens teaches a drafter to never stop.
     finish_reasons: dict[str, int] = field(default_factory=dict)
@@ -93,13 +96,17 @@ class RunTotals:
     # Quality flags (quality/flags.py): records carrying each flag.
     flags: dict[str, int] = field(default_factory=dict)
     flagged: int = 0
-    # The span of completion times, for the overall rate in ``status --json``.
+    # The span of completion times.
     first_created: float | None = None
     last_created: float | None = None
     # Speculative decoding: completion tokens over verify counts (rundir/acceptance.py)
     acceptance: Acceptance = field(default_factory=Acceptance)
     # shard indexes that could not be trusted and were rebuilt from their shard, by reason
     indexes_rebuilt: dict[str, int] = field(default_factory=dict)
+
+    def rates(self, now: float, window_s: float) -> tuple[Rate, Rate]:
+        """The run's output rate and the last ``window_s``'s (rundir/rates.py)."""
+        return run_rates(self.starts, self.ends, self.output_lengths, now=now, window_s=window_s)
 
     def flags_line(self) -> str:
         """``flags: degenerate 3 (0.3%), truncated 12 (1.2%)``, or ``flags: none``."""
@@ -187,6 +194,8 @@ def scan_totals(
         totals.prompt_tokens += index.prompt_tokens
         totals.completion_tokens += index.completion_tokens
         totals.output_lengths.extend(index.completion_lengths)
+        totals.starts.extend(index.started_at)
+        totals.ends.extend(index.created_at)
         for finish, count in index.finish_reasons.items():
             _count(totals.finish_reasons, finish, count)
         for flag, count in index.flags.items():
@@ -199,12 +208,6 @@ def scan_totals(
             totals.first_created = first
         if totals.last_created is None or last > totals.last_created:
             totals.last_created = last
-        if last >= horizon:
-            totals.recent.extend(
-                (created, tokens)
-                for created, tokens in zip(index.created_at, index.completion_lengths, strict=True)
-                if created >= horizon
-            )
         if any(index.spec_verify_ct):  # speculative decoding: per record, as the lines would
             for created, tokens, verify_ct in zip(
                 index.created_at, index.completion_lengths, index.spec_verify_ct, strict=True
@@ -228,8 +231,8 @@ def scan_totals(
                 totals.first_created = created
             if totals.last_created is None or created > totals.last_created:
                 totals.last_created = created
-            if created >= horizon:
-                totals.recent.append((created, record.completion_tokens))
+            totals.ends.append(created)
+            totals.starts.append(created - max(record.e2e_latency or 0.0, 0.0))
             totals.acceptance.add(
                 record.spec_verify_ct, record.completion_tokens, recent=created >= horizon
             )

@@ -35,7 +35,9 @@ from eagledata.atomic import atomic_write
 from eagledata.errors import StorageError
 from eagledata.rundir.lines import LineError, ShardIndexLine
 
-INDEX_VERSION = 1
+INDEX_VERSION = 2
+"""2: ``started_at`` per record (the run's active time, ``rundir/rates.py``); an index of
+version 1 is rebuilt from its shard like any index it cannot trust."""
 INDEX_SUFFIX = ".idx.json"
 
 # Why an index was not trusted (``IndexRead.rebuilt``).
@@ -64,7 +66,8 @@ class ShardIndex:
     finish_reasons: dict[str, int]
     flags: dict[str, int]
     completion_lengths: list[int]  # per record, in file order (answer-length percentiles)
-    created_at: list[float]  # per record, in file order (the recent rate)
+    created_at: list[float]  # per record, in file order (the rates)
+    started_at: list[float]  # per record, in file order: when its request was sent
     # per record, in file order: SGLang's speculative verify count, 0 where the record has none
     spec_verify_ct: list[int]
     flagged: int = 0  # records carrying at least one flag
@@ -92,6 +95,7 @@ class ShardIndex:
             ids=self.ids,
             completion_lengths=self.completion_lengths,
             created_at=self.created_at,
+            started_at=self.started_at,
             spec_verify_ct=self.spec_verify_ct,
         )
 
@@ -126,6 +130,7 @@ class ShardIndex:
             flags=line.flags,
             completion_lengths=line.completion_lengths,
             created_at=line.created_at,
+            started_at=line.started_at,
             spec_verify_ct=line.spec_verify_ct,
             flagged=line.flagged,
             invalid_lines=line.invalid_lines,
@@ -138,6 +143,7 @@ class ShardIndex:
         lengths_ok = (
             len(self.completion_lengths)
             == len(self.created_at)
+            == len(self.started_at)
             == len(self.spec_verify_ct)
             == records
         )
@@ -191,6 +197,7 @@ class IndexBuilder:
     flags: dict[str, int] = field(default_factory=dict)
     completion_lengths: list[int] = field(default_factory=list)
     created_at: list[float] = field(default_factory=list)
+    started_at: list[float] = field(default_factory=list)
     spec_verify_ct: list[int] = field(default_factory=list)
     flagged: int = 0
     invalid_lines: int = 0
@@ -219,7 +226,11 @@ class IndexBuilder:
         created = record.get("created_at")
         if isinstance(created, bool) or not isinstance(created, int | float):
             created = 0.0
+        latency = record.get("e2e_latency")
+        if isinstance(latency, bool) or not isinstance(latency, int | float) or latency < 0:
+            latency = 0.0
         self.created_at.append(round(float(created), 3))
+        self.started_at.append(round(float(created) - float(latency), 3))
 
     def add_unparsable(self, line: bytes) -> None:
         self.hasher.update(line)
@@ -238,6 +249,7 @@ class IndexBuilder:
             flags=self.flags,
             completion_lengths=self.completion_lengths,
             created_at=self.created_at,
+            started_at=self.started_at,
             spec_verify_ct=self.spec_verify_ct,
             flagged=self.flagged,
             invalid_lines=self.invalid_lines,
@@ -336,6 +348,7 @@ INDEXED_FIELDS = (
     "flags",
     "completion_lengths",
     "created_at",
+    "started_at",
     "spec_verify_ct",
     "flagged",
     "invalid_lines",

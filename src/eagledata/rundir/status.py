@@ -14,7 +14,8 @@ from typing import Any
 
 from eagledata.rundir.journal import iter_jsonl_lines
 from eagledata.rundir.lines import LineError, QualityLine, TelemetryLine
-from eagledata.rundir.manifest import RunDir, RunTotals, scan_totals
+from eagledata.rundir.manifest import RunDir, scan_totals
+from eagledata.rundir.rates import Rate, duration
 from eagledata.rundir.telemetry import TELEMETRY_FILE, lane_name
 
 
@@ -28,11 +29,11 @@ class StatusReport:
     skipped: int
     prompt_tokens: int
     completion_tokens: int
-    recent_tok_per_s: float
-    recent_rec_per_s: float
+    overall: Rate
+    recent: Rate
+    """Output tok/s over active time (rundir/rates.py): the whole run, and its last 10 min."""
     failure_reasons: dict[str, int]
     quality: str
-    overall_tok_per_s: float = 0.0
     finish_reasons: dict[str, int] = field(default_factory=dict)
     flags: dict[str, int] = field(default_factory=dict)
     canary: dict[str, Any] = field(default_factory=dict)
@@ -49,16 +50,25 @@ class StatusReport:
 
     @property
     def eta_s(self) -> float | None:
-        if self.left is None or self.recent_rec_per_s <= 0:
+        """Seconds left at the recent rate (0 when nothing is left; None: no rate yet)."""
+        if self.left == 0:
+            return 0.0
+        per_s = self.recent.records_per_s or self.overall.records_per_s
+        if self.left is None or not per_s:
             return None
-        return self.left / self.recent_rec_per_s
+        return self.left / per_s
 
     def render(self) -> str:
         planned = "?" if self.planned is None else f"{self.planned:,}"
         if self.planned is not None and not self.plan_complete:
             planned += " (estimate)"
-        left = "?" if self.left is None else f"{self.left:,}"
-        eta = "?" if self.eta_s is None else _duration(self.eta_s)
+        left = "unknown until the dataset is read" if self.left is None else f"{self.left:,}"
+        if self.left == 0:
+            eta = "done"
+        elif self.eta_s is None:
+            eta = "after the first rated minutes"
+        else:
+            eta = _duration(self.eta_s)
         lines = [
             f"run:      {self.run_dir}",
             f"planned:  {planned}",
@@ -69,14 +79,19 @@ class StatusReport:
             f"tokens:   {self.prompt_tokens:,} prompt, {self.completion_tokens:,} output",
             f"quality:  {self.quality}",
             f"canary:   {canary_line(self.canary)}",
-            f"rate:     {self.recent_tok_per_s:,.1f} output tok/s, "
-            f"{self.recent_rec_per_s * 3600:,.0f} records/h (last 10 min)",
+            f"rate:     {self.overall.text()}" + self._recent_text(),
             f"eta:      {eta}",
         ]
         if self.speculative is not None:
             lines.append(f"spec:     {self.speculative}")
         lines += [f"load:     {_load_line(entry)}" for entry in (self.load or {}).values()]
         return "\n".join(lines)
+
+    def _recent_text(self) -> str:
+        if self.recent.tok_s is None or self.left == 0:
+            return ""
+        per_hour = (self.recent.records_per_s or 0.0) * 3600
+        return f"; last 10 min {self.recent.tok_s:,.1f} tok/s, {per_hour:,.0f} records/h"
 
     def to_json(self) -> dict[str, Any]:
         """The ``status --json`` object (docs/run-directory.md)."""
@@ -90,7 +105,11 @@ class StatusReport:
             "left": self.left,
             "prompt_tokens": self.prompt_tokens,
             "output_tokens": self.completion_tokens,
-            "tok_s": {"overall": self.overall_tok_per_s, "recent": self.recent_tok_per_s},
+            "tok_s": {
+                "overall": self.overall.tok_s,
+                "recent": self.recent.tok_s,
+                "active_s": self.overall.active_s,
+            },
             "eta_s": self.eta_s,
             "finish_reasons": dict(self.finish_reasons),
             "failure_reasons": dict(self.failure_reasons),
@@ -193,15 +212,19 @@ def _load_line(entry: dict[str, Any]) -> str:
     """One server's latest sample: what its operator would read in the server log."""
     server = lane_key(entry)
     usage = entry.get("token_usage")
-    parts = [
-        "kv ?" if usage is None else f"kv {100 * usage:.0f}%",
-        f"running {entry.get('num_running_reqs', '?')}",
-        f"queued {entry.get('num_queue_reqs', '?')}",
-    ]
+    parts = [] if usage is None else [f"kv {100 * usage:.0f}%"]
+    for key, label in (("num_running_reqs", "running"), ("num_queue_reqs", "queued")):
+        if entry.get(key) is not None:
+            parts.append(f"{label} {entry[key]}")
     if entry.get("gen_throughput") is not None:
-        parts.append(f"{entry['gen_throughput']:,.0f} tok/s")
-    parts.append(f"in flight {entry.get('in_flight', '?')} (target {entry.get('target', '?')})")
-    parts.append(f"retractions seen {entry.get('num_retracted_reqs', 0)}")
+        parts.append(f"server {entry['gen_throughput']:,.0f} tok/s")
+    in_flight = f"in flight {entry.get('in_flight') or 0}"
+    if entry.get("target") is not None:
+        in_flight += f" (target {entry['target']})"
+    parts.append(in_flight)
+    parts.append(f"retractions seen {entry.get('num_retracted_reqs') or 0}")
+    if entry.get("source") == "none":
+        parts.append("no load signal")
     age = time.time() - float(entry.get("time") or 0)
     return f"{server}: " + ", ".join(parts) + f" ({_duration(max(0.0, age))} ago)"
 
@@ -213,18 +236,14 @@ def _reasons(reasons: dict[str, int]) -> str:
 
 
 def _duration(seconds: float) -> str:
-    hours, rest = divmod(int(seconds), 3600)
-    return f"{hours}h{rest // 60:02d}m" if hours else f"{rest // 60}m{rest % 60:02d}s"
+    return duration(seconds)
 
 
 def run_status(path: Path, window_s: float = 600.0) -> StatusReport:
     run_dir = RunDir(path)
     manifest = run_dir.read()
     totals = scan_totals(path, recent_window_s=window_s)
-    now = time.time()
-    tokens = sum(count for _, count in totals.recent)
-    span = min(window_s, now - min((t for t, _ in totals.recent), default=now))
-    span = max(span, 1.0)
+    overall, recent = totals.rates(time.time(), window_s)
     return StatusReport(
         run_dir=str(path),
         planned=run_dir.planned(),
@@ -234,11 +253,10 @@ def run_status(path: Path, window_s: float = 600.0) -> StatusReport:
         skipped=totals.skipped,
         prompt_tokens=totals.prompt_tokens,
         completion_tokens=totals.completion_tokens,
-        recent_tok_per_s=tokens / span if totals.recent else 0.0,
-        recent_rec_per_s=len(totals.recent) / span if totals.recent else 0.0,
+        overall=overall,
+        recent=recent,
         failure_reasons=totals.failure_reasons,
         quality=totals.quality_line(),
-        overall_tok_per_s=_overall_rate(totals.completion_tokens, totals),
         finish_reasons=totals.finish_reasons,
         flags=totals.flags,
         canary=canary_summary(path, manifest),
@@ -246,10 +264,3 @@ def run_status(path: Path, window_s: float = 600.0) -> StatusReport:
         speculative=totals.acceptance.line(),
         speculative_json=totals.acceptance.to_json(),
     )
-
-
-def _overall_rate(tokens: int, totals: RunTotals) -> float:
-    """Output tokens over the span from the first to the last record's completion."""
-    if totals.first_created is None or totals.last_created is None:
-        return 0.0
-    return tokens / max(totals.last_created - totals.first_created, 1.0)

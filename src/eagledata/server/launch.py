@@ -192,8 +192,14 @@ def fetch_server_info(client: httpx.Client, base_url: str) -> object:
         try:
             response = client.get(f"{base_url}{route}")
         except httpx.HTTPError as error:
+            fix = (
+                "is an SGLang server running there? start one (eagledata launch-server) or fix "
+                "the URL"
+                if isinstance(error, httpx.ConnectError | httpx.ConnectTimeout)
+                else "check the server's log"
+            )
             raise ServerUnavailableError(
-                f"{base_url}{route}: {type(error).__name__}: {error}"
+                f"cannot read {base_url}{route} ({type(error).__name__}: {error}); {fix}"
             ) from None
         if response.status_code == 404:
             last = f"{route}: HTTP 404"

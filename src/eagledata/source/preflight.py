@@ -1,0 +1,63 @@
+"""The cause first: a dataset whose first rows all fail for one reason stops the run before the
+tokenizer, the servers or the canary are touched, with one line that names the reason and the
+fields the rows do have. Without it the cause surfaced only in ``failures.jsonl``, after the
+canary had complained that it found no usable prompt.
+"""
+
+from __future__ import annotations
+
+from eagledata.errors import BadRowError, DatasetError
+from eagledata.source.dataset import LOCAL_BUILDERS, ResolvedDataset, iter_rows, local_path
+from eagledata.source.prompts import to_messages
+
+PREFLIGHT_ROWS = 20
+"""Rows read up front: enough to tell a file of another shape from a few bad rows."""
+
+_FIXES = {
+    "bad_schema": "fix the rows' shape, or set the dataset's schema in the config",
+    "unknown_role": "the rows' roles are not user/assistant/system (or human/gpt); fix them",
+}
+
+
+def _prompt_field_fix(dataset: ResolvedDataset, first_row: dict[str, object] | None) -> str:
+    """Where the prompt column is named: the dataset's config entry, or one to add."""
+    texts = sorted(k for k, v in (first_row or {}).items() if isinstance(v, str))
+    column = texts[0] if len(texts) == 1 else "COLUMN"
+    return (
+        f"add to the config [datasets.{dataset.name}] source = "
+        f'"{dataset.settings.source}", prompt_field = "{column}" and pass --dataset '
+        f"{dataset.name}, or convert the file to conversations, messages or a prompt column"
+    )
+
+
+def check_first_rows(dataset: ResolvedDataset, config_source: str | None = None) -> None:
+    """Raise ``DatasetError`` when every one of the first rows of a local file fails the same
+    way (a few bad rows among good ones go to the failure file as usual)."""
+    if local_path(dataset.settings).suffix not in LOCAL_BUILDERS:
+        return  # a hub dataset: read once, by the run itself
+    reasons: list[tuple[str, str]] = []
+    first_row: dict[str, object] | None = None
+    for row in iter_rows(dataset.settings, limit=PREFLIGHT_ROWS):
+        first_row = first_row or row.data
+        if row.data is None:
+            reasons.append(("unreadable", row.error or "unreadable row"))
+            continue
+        try:
+            to_messages(row.data, dataset.settings)
+        except BadRowError as exc:
+            reasons.append((exc.reason, str(exc)))
+            continue
+        return  # one usable row: the rest is the failure file's business
+    if not reasons or len({reason for reason, _ in reasons}) != 1:
+        return
+    reason, message = reasons[0]
+    where = config_source or "the config"
+    if reason == "missing_field":
+        fix = _prompt_field_fix(dataset, first_row)
+    else:
+        fix = _FIXES.get(reason, "fix the rows")
+    rows = "row" if len(reasons) == 1 else f"{len(reasons)} rows"
+    raise DatasetError(
+        f"dataset {dataset.name}: its first {rows} all fail the same way: {message}; {fix} "
+        f"(in {where})"
+    )

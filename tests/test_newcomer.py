@@ -1,0 +1,138 @@
+"""Issue 20 (a newcomer's first hour): errors that name the cause first, a run that wrote
+nothing exits non-zero, a flag's bad value blames the flag, a typo gets its near key, a Ctrl-C
+while starting says what it stopped, and the small messages a first hour runs into."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import orjson
+from typer.testing import CliRunner
+
+from conftest import SAMPLES, TOKENIZER, eagledata_cmd, sim_config
+from eagledata.cli import app
+from eagledata.simserver import SimServerThread
+
+runner = CliRunner()
+
+
+def write_config(path: Path, url: str, extra: str = "") -> Path:
+    path.write_text(
+        f'[tokenizer]\nname = "{TOKENIZER}"\n[server]\nurls = ["{url}"]\n'
+        "down_deadline_s = 5\nrequest_timeout_s = 10\n[run]\nconcurrency = 4\n"
+        "[canary]\nenabled = false\n" + extra
+    )
+    return path
+
+
+def test_a_file_of_unknown_columns_stops_before_anything_with_its_cause(
+    tmp_path: Path,
+) -> None:
+    rows = tmp_path / "questions.jsonl"
+    rows.write_text('{"question": "what is 2+2?"}\n{"question": "and 3+3?"}\n')
+    # no server at all: the cause is named before any server, tokenizer or canary is touched
+    config = write_config(tmp_path / "c.toml", "http://127.0.0.1:9")
+    result = runner.invoke(
+        app, ["generate", "-c", str(config), "-d", str(rows), "--out", str(tmp_path / "run")]
+    )
+    assert result.exit_code == 2
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1, result.output
+    assert (
+        "its first 2 rows all fail the same way: no conversations, messages or 'prompt' "
+        in (lines[0])
+    )
+    assert "(fields: question)" in lines[0] and 'prompt_field = "question"' in lines[0]
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_run_in_which_every_item_failed_exits_non_zero(
+    tokenizer_dir: str, tmp_path: Path
+) -> None:
+    with SimServerThread(sim_config(tokenizer_dir)) as sim:
+        config = write_config(tmp_path / "c.toml", sim.url, "[generation]\nmax_prompt_tokens = 3\n")
+        out = tmp_path / "run"
+        result = runner.invoke(
+            app,
+            ["generate", "-c", str(config), "-d", str(SAMPLES / "sharegpt.jsonl"), "--out",
+             str(out), "--no-progress"],
+        )  # fmt: skip
+    assert result.exit_code == 7, result.output
+    assert "planned 40 = written 0 + failed 40" in result.output
+    assert "eagledata: error: every item failed, no record was written (prompt_too_long 40)" in (
+        result.output
+    )
+
+
+def test_a_bad_flag_value_blames_the_flag_and_a_typo_gets_its_near_key(tmp_path: Path) -> None:
+    demo = Path(__file__).resolve().parents[1] / "configs" / "demo.toml"
+    result = runner.invoke(
+        app, ["generate", "-c", str(demo), "-d", "sample", "--concurrency", "abc"]
+    )
+    assert result.exit_code == 2
+    assert result.output.startswith("eagledata: error: --concurrency 'abc': ")
+    assert "demo.toml" not in result.output and len(result.output.splitlines()) == 1
+    typo = tmp_path / "typo.toml"
+    typo.write_text(f'[tokenizer]\nname = "{TOKENIZER}"\n[generation]\nmax_new_token = 5\n')
+    result = runner.invoke(app, ["generate", "-c", str(typo), "-d", "sample"])
+    assert result.exit_code == 2
+    assert result.output == (
+        f"eagledata: error: {typo}: generation.max_new_token: unknown key; "
+        "did you mean 'max_new_tokens'?\n"
+    )
+
+
+def test_check_server_on_a_url_that_is_down_names_the_fix() -> None:
+    result = runner.invoke(app, ["check-server", "http://127.0.0.1:9"])
+    assert result.exit_code == 3
+    assert "is an SGLang server running there? start one (eagledata launch-server)" in (
+        result.output
+    )
+
+
+def test_plan_of_a_small_job_reads_in_minutes_not_zero_days() -> None:
+    demo = Path(__file__).resolve().parents[1] / "configs" / "demo.toml"
+    result = runner.invoke(app, ["plan", "-c", str(demo), "--dataset", "sample"])
+    assert result.exit_code == 0, result.output
+    assert "0.0M" not in result.output and "0.0 days" not in result.output
+    assert ": 10,240 output tokens" in result.output
+    assert "wall clock, minutes" in result.output
+
+
+def test_launch_server_dry_run_names_the_profile_it_picked() -> None:
+    result = subprocess.run(
+        eagledata_cmd("launch-server", "--dry-run"), capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert len(result.stdout.splitlines()) == 1  # the command alone on stdout
+    assert "profile kimi-k25-tp8 (the default" in result.stderr
+
+
+def test_one_ctrl_c_while_starting_says_it_stopped_the_start_not_twice(
+    tokenizer_dir: str, tmp_path: Path
+) -> None:
+    # A slow server: the canary's baseline takes seconds, and the Ctrl-C falls inside it.
+    with SimServerThread(sim_config(tokenizer_dir, latency_s=0.5)) as sim:
+        config = write_config(tmp_path / "c.toml", sim.url)
+        config.write_text(config.read_text().replace("enabled = false", "enabled = true"))
+        out = tmp_path / "run"
+        process = subprocess.Popen(
+            eagledata_cmd("generate", "-c", str(config), "-d", str(SAMPLES / "sharegpt.jsonl"),
+                          "--out", str(out), "--no-progress"),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        deadline = time.monotonic() + 60
+        while not (out / "run.json").exists():  # created once the servers passed their check
+            assert process.poll() is None, process.communicate()
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        manifest = orjson.loads((out / "run.json").read_bytes())
+        assert manifest["canary"]["enabled"]
+        process.send_signal(signal.SIGINT)
+        stdout, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130, stderr
+    assert "stopped early: interrupted while starting" in stdout
+    assert "twice" not in stdout and "Traceback" not in stderr
