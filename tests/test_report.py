@@ -145,9 +145,7 @@ def test_fixture_canary_and_telemetry_are_drawn_with_their_thresholds(
     assert len(canary.images) == 1 and len(load.images) == 1
     # How near the canary came to firing, the baseline excluded: 0.03 / 0.01 beats -0.05 / -0.02.
     assert canary.caption.startswith("1 of 2 checks after the baseline did not pass")
-    assert "came to its threshold: topk kl 0.03 against 0.01 (300% of the way)" in (
-        canary.caption
-    )
+    assert "came to its threshold: topk kl 0.03 against 0.01 (300% of the way)" in (canary.caption)
     assert "Last failure: drift on http://a:1 (topk_kl 0.03 > 0.01)." in canary.caption
     assert load.caption.startswith("40 samples from 2 servers; peak KV usage 88%; 4 retractions.")
     assert page.headline["quality.canary"].startswith("2 checks, 1 passed, 1 failed")
