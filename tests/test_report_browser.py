@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 
 from cdp import VIEWPORT, PageCheck, chromium, find_chromium
-from conftest import REPO, SAMPLES, make_config, read_records, sim_config
+from conftest import REPO, SAMPLES, make_config, sim_config
 from eagledata.report import build_report
 from eagledata.run import pipeline
 from eagledata.simserver import SimServerThread
-from report_fixtures import write_canary, write_telemetry
+from report_fixtures import spread_in_time, write_canary, write_telemetry
 
 ARTIFACTS = REPO / "test-artifacts"
 
@@ -58,7 +58,8 @@ def test_the_report_renders_in_chromium_offline(
     with SimServerThread(sim_config(tokenizer_dir, latency_s=0.01)) as server:
         config = make_config([server.url], run, generation={"max_new_tokens": 48})
         pipeline.generate(config, str(SAMPLES / "sharegpt.jsonl"), None, progress=False)
-    start = min(r["created_at"] for r in read_records(run))
+    # a minute of generation: a run of a second is too short to rate, and draws no rate plot
+    start = spread_in_time(run, step_s=1.0, latency_s=4.0)
     write_canary(run, start)
     write_telemetry(run, start)
     report = build_report(run)
