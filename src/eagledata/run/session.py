@@ -110,7 +110,7 @@ class Run:
         parts: SessionParts | None = None
         try:
             tokenizer = None if files.all_done else await self._tokenizer()
-            async with self._client() as client:
+            async with self._client(tokenizer) as client:
                 parts = await self._contact_servers(client, files, tokenizer)
                 await self._start_canary(parts, tokenizer)
                 await self._start_load_controller(parts)
@@ -158,7 +158,7 @@ class Run:
     async def _tokenizer(self) -> PromptTokenizer:
         return await asyncio.to_thread(PromptTokenizer, self.config.tokenizer)
 
-    def _client(self) -> SGLangClient:
+    def _client(self, tokenizer: PromptTokenizer | None) -> SGLangClient:
         server = self.config.server
         return SGLangClient(
             server.urls,
@@ -168,6 +168,8 @@ class Run:
             request_timeout_s=server.request_timeout_s,
             api_key=SGLangClient.api_key_from_env(server.api_key_env),
             api_key_env=server.api_key_env,
+            # an answer's ids are checked against the vocabulary before anything reads them
+            vocab_size=None if tokenizer is None else tokenizer.vocab_size,
         )
 
     def _fixed(self) -> int | None:
