@@ -133,9 +133,18 @@ class RunSettings(Strict):
     @field_validator("concurrency", mode="before")
     @classmethod
     def _concurrency(cls, value: Any) -> Any:
-        if isinstance(value, str) and value.strip().isdigit():
+        """'auto' or 1..65536, however it is spelled: ``-5``, ``"-5"`` (a flag, a TOML string)
+        and ``8.5`` are refused here, before pydantic's coercion could let them through."""
+        if isinstance(value, str) and value.strip() != "auto":
+            try:
+                value = int(value)
+            except ValueError:
+                raise ValueError("must be 'auto' or an integer from 1 to 65536") from None
+        if isinstance(value, float) and value.is_integer():
             value = int(value)
-        if isinstance(value, int) and not isinstance(value, bool) and not 1 <= value <= 65536:
+        if isinstance(value, str):
+            return value.strip()
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65536:
             raise ValueError("must be 'auto' or an integer from 1 to 65536")
         return value
 
