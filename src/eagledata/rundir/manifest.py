@@ -34,10 +34,11 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+from pydantic import ValidationError
 
 from eagledata import __version__
 from eagledata.atomic import atomic_write
-from eagledata.config import FrozenSettings
+from eagledata.config import FrozenSettings, format_validation_error
 from eagledata.errors import RunDirError
 from eagledata.rundir.acceptance import Acceptance
 from eagledata.rundir.idset import CompactIdSet
@@ -312,7 +313,16 @@ class RunDir:
         return dict(manifest)
 
     def frozen(self) -> FrozenSettings:
-        return FrozenSettings.model_validate(self.read()["frozen"])
+        """The run's frozen settings, checked by this release: one it refuses is named."""
+        try:
+            return FrozenSettings.model_validate(self.read().get("frozen"))
+        except ValidationError as exc:
+            problems = format_validation_error(exc, f"{self.run_json}: frozen.")
+            raise RunDirError(
+                f"{problems}; the run was started with a setting this eagledata refuses: "
+                "continue it with the eagledata version that started it, or start a new run "
+                "with --out"
+            ) from None
 
     def create(self, frozen: FrozenSettings, extra: dict[str, Any]) -> None:
         manifest = {

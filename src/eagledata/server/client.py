@@ -288,9 +288,7 @@ class SGLangClient:
         ):
             async with asyncio.timeout(5.0):
                 await asyncio.shield(
-                    self._pools.control.post(
-                        url + "/abort_request", json={"rid": rid}, timeout=5.0
-                    )
+                    self._pools.control.post(url + "/abort_request", json={"rid": rid}, timeout=5.0)
                 )
 
     async def _control_get(self, url: str) -> httpx.Response:
