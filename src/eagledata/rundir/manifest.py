@@ -23,6 +23,7 @@ flags, the done ids), ``shard_indexes`` (per-shard ids and totals), ``sealed_sha
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import platform
@@ -101,6 +102,8 @@ class RunTotals:
     acceptance: Acceptance = field(default_factory=Acceptance)
     # shard indexes that could not be trusted and were rebuilt from their shard, by reason
     indexes_rebuilt: dict[str, int] = field(default_factory=dict)
+    # records and failure lines per settings fingerprint ("": lines without one)
+    settings: dict[str, int] = field(default_factory=dict)
 
     def flags_line(self) -> str:
         """``flags: degenerate 3 (0.3%), truncated 12 (1.2%)``, or ``flags: none``."""
@@ -193,6 +196,8 @@ def scan_totals(
         for flag, count in index.flags.items():
             _count(totals.flags, flag, count)
         totals.flagged += index.flagged
+        for fingerprint, count in index.settings.items():
+            _count(totals.settings, fingerprint, count)
         if not index.created_at:
             continue
         first, last = min(index.created_at), max(index.created_at)
@@ -212,8 +217,16 @@ def scan_totals(
             ):
                 totals.acceptance.add(verify_ct, tokens, recent=created >= horizon)
     for path in pending_journals(run_dir):  # the open journal: at most shard_size lines
-        for line in iter_jsonl_lines(path):
-            record = RecordLine.parse(line)
+        for line_no, line in enumerate(iter_jsonl_lines(path), start=1):
+            try:
+                record = RecordLine.parse(line)
+            except LineError as exc:
+                raise RunDirError(
+                    f"{path}:{line_no} is not a record ({exc}); run 'eagledata verify RUN_DIR "
+                    "--repair' to move it aside ('eagledata resume RUN_DIR' then generates its "
+                    "item again)"
+                ) from None
+            _count(totals.settings, record.settings or "")
             totals.done_ids.add(record.id)
             totals.written += 1
             totals.prompt_tokens += record.prompt_tokens
@@ -237,6 +250,7 @@ def scan_totals(
     failures = run_dir / "failures.jsonl"
     if failures.is_file():
         for entry in failure_lines(failures):
+            _count(totals.settings, entry.settings or "")
             totals.done_ids.add(entry.id)
             if entry.status == "skipped":
                 totals.skipped += 1
@@ -254,7 +268,8 @@ def failure_lines(path: Path) -> Iterator[FailureLine]:
         except LineError as exc:
             raise RunDirError(
                 f"{path}:{line_no} is not a failure line ({exc}); run 'eagledata verify "
-                "RUN_DIR' to list the damage"
+                "RUN_DIR --repair' to move it aside ('eagledata resume RUN_DIR' then "
+                "generates its item again)"
             ) from None
 
 
@@ -273,9 +288,12 @@ class RunDir:
         return self.run_json.is_file()
 
     def lock(self) -> None:
+        """Hold the run directory itself (``flock`` on the folder, not on a file in it: a file
+        can be deleted under a running process, and the next one would lock a new one). ``.lock``
+        only says which process holds it."""
         try:
             self.path.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+            fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY)
         except OSError as exc:
             raise storage_error("create", self.path, exc) from None
         try:
@@ -285,9 +303,9 @@ class RunDir:
             raise RunDirError(
                 f"another eagledata process is working on {self.path}; wait for it or stop it"
             ) from None
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
         self._lock_fd = fd
+        with contextlib.suppress(OSError):  # a note for people; the lock does not depend on it
+            (self.path / ".lock").write_text(f"{os.getpid()}\n")
 
     def unlock(self) -> None:
         if self._lock_fd is not None:
@@ -354,6 +372,29 @@ class RunDir:
             f"{self.path} was started with other settings ({', '.join(keys)}); resume it with "
             "'eagledata resume RUN_DIR' or pass a new --out"
         )
+
+    def check_adopted(self, totals: RunTotals, fingerprint: str, *, vouched: bool) -> None:
+        """Refuse records and failure lines made under other settings than ``fingerprint`` (this
+        run's): a new ``run.json`` must never adopt data made under another one. Lines without a
+        fingerprint (an earlier eagledata wrote them) are taken only where ``vouched``: the
+        ``run.json`` they were written under is still there."""
+        foreign = {key: count for key, count in totals.settings.items() if key != fingerprint}
+        unmarked = foreign.pop("", 0)
+        if foreign:
+            count = sum(foreign.values())
+            made = ", ".join(sorted(foreign))
+            raise RunDirError(
+                f"{self.path} holds {count:,} records or failures made under other settings "
+                f"(fingerprint {made}; this run's is {fingerprint}); they cannot join this run: "
+                "restore the run.json they were made with and 'eagledata resume RUN_DIR', or "
+                "pass a new --out"
+            )
+        if unmarked and not vouched:
+            raise RunDirError(
+                f"{self.path} holds {unmarked:,} records or failures but no run.json saying "
+                "which settings made them; they cannot join a new run: restore its run.json and "
+                "'eagledata resume RUN_DIR', or pass a new --out"
+            )
 
     def planned(self) -> int | None:
         path = self.path / "plan.json"

@@ -35,7 +35,8 @@ from eagledata.atomic import atomic_write
 from eagledata.errors import StorageError
 from eagledata.rundir.lines import LineError, ShardIndexLine
 
-INDEX_VERSION = 1
+INDEX_VERSION = 2
+"""2: records per settings fingerprint (``settings``); a version 1 index is rebuilt once."""
 INDEX_SUFFIX = ".idx.json"
 
 # Why an index was not trusted (``IndexRead.rebuilt``).
@@ -69,6 +70,8 @@ class ShardIndex:
     spec_verify_ct: list[int]
     flagged: int = 0  # records carrying at least one flag
     invalid_lines: int = 0  # lines that are not a JSON object with an id: verify reports them
+    # records per settings fingerprint ("" for records without one): a run adopts no other
+    settings: dict[str, int] = field(default_factory=dict)
 
     @property
     def records(self) -> int:
@@ -93,6 +96,7 @@ class ShardIndex:
             completion_lengths=self.completion_lengths,
             created_at=self.created_at,
             spec_verify_ct=self.spec_verify_ct,
+            settings=self.settings,
         )
 
     def to_bytes(self) -> bytes:
@@ -129,6 +133,7 @@ class ShardIndex:
             spec_verify_ct=line.spec_verify_ct,
             flagged=line.flagged,
             invalid_lines=line.invalid_lines,
+            settings=line.settings,
         )
         index.check_consistent(line.records)
         return index
@@ -147,6 +152,7 @@ class ShardIndex:
             and sum(self.finish_reasons.values()) == records
             and self.flagged <= records
             and sum(self.completion_lengths) == self.completion_tokens
+            and sum(self.settings.values()) == records
             and all(isinstance(item_id, str) for item_id in self.ids)
         ):
             raise IndexRejected(FORGED, "its counts disagree with each other")
@@ -194,6 +200,7 @@ class IndexBuilder:
     spec_verify_ct: list[int] = field(default_factory=list)
     flagged: int = 0
     invalid_lines: int = 0
+    settings: dict[str, int] = field(default_factory=dict)
     hasher: Any = field(default_factory=new_checksum)
 
     def add(self, line: bytes, record: object) -> None:
@@ -220,6 +227,9 @@ class IndexBuilder:
         if isinstance(created, bool) or not isinstance(created, int | float):
             created = 0.0
         self.created_at.append(round(float(created), 3))
+        settings = record.get("settings")
+        key = settings if isinstance(settings, str) else ""
+        self.settings[key] = self.settings.get(key, 0) + 1
 
     def add_unparsable(self, line: bytes) -> None:
         self.hasher.update(line)
@@ -241,6 +251,7 @@ class IndexBuilder:
             spec_verify_ct=self.spec_verify_ct,
             flagged=self.flagged,
             invalid_lines=self.invalid_lines,
+            settings=self.settings,
         )
 
 
@@ -339,6 +350,7 @@ INDEXED_FIELDS = (
     "spec_verify_ct",
     "flagged",
     "invalid_lines",
+    "settings",
 )
 
 

@@ -205,7 +205,9 @@ def parse_generate_item(
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,
         cached_tokens=_optional(meta.get("cached_tokens"), int),
-        e2e_latency=float(latency) if type(latency) in (int, float) else None,
+        e2e_latency=float(latency)
+        if isinstance(latency, int | float) and type(latency) is not bool
+        else None,
         weight_version=_optional(meta.get("weight_version"), str),
         spec_verify_ct=_spec_verify_ct(meta),
         retractions=_retractions(meta),
