@@ -131,10 +131,14 @@ class Run:
         """Seal what an earlier process left open, count what is done, open the journals."""
         config = self.config
         path = self.run_dir.path
-        writer = ShardWriter(path, config.run.shard_size, config.run.fsync_interval_s)
+        fingerprint = self.frozen.fingerprint()
+        writer = ShardWriter(
+            path, config.run.shard_size, config.run.fsync_interval_s, fingerprint=fingerprint
+        )
         writer.seal_pending()
         # under the lock: an index found missing, torn, stale or forged is written back
         totals = scan_totals(path, persist_indexes=True)
+        self.run_dir.check_adopted(totals, fingerprint, vouched=self.run_dir.exists())
         planned = self.run_dir.planned() if self.run_dir.exists() else None
         # A plan read to its end whose every item is done: nothing to tokenize, send or flag,
         # so neither the tokenizer nor the dataset is read (every done id is a plan id, so the
@@ -147,7 +151,7 @@ class Run:
         rows = None if all_done else count_rows(self.dataset.settings, config.run.limit)
         return SessionFiles(
             writer=writer,
-            failures=FailureLog(path, config.run.fsync_interval_s),
+            failures=FailureLog(path, config.run.fsync_interval_s, fingerprint=fingerprint),
             check_log=self.run_dir.check_log(config.run.fsync_interval_s),
             totals=totals,
             planned_before=planned,
