@@ -16,6 +16,7 @@ import pytest
 
 from conftest import SAMPLES, make_config, read_failures, read_records
 from eagledata.config import AppConfig
+from eagledata.errors import ServerError
 from eagledata.export import ExportOptions, export_runs
 from eagledata.run import pipeline
 from eagledata.rundir.verify import verify_run
@@ -160,3 +161,32 @@ def test_a_server_trickling_bytes_is_cut_at_the_requests_whole_deadline(
     # two attempts of at most 1 s each, and the server's probe: not the ~100 s a trickled
     # answer takes; the bound is generous for a loaded machine
     assert took < 30
+
+
+def test_the_canary_never_takes_an_id_outside_the_vocabulary(
+    tokenizer_dir: str, tmp_path: Path
+) -> None:
+    """The canary's references are the server's own ids: one of -1 is a refused answer, said
+    in one line, never a crash deep in the canary's statistics."""
+    out = tmp_path / "run"
+    with HostileServer(tokenizer_dir, "id_negative", only_sample=None) as server:
+        config = hostile_config(
+            server.url,
+            out,
+            canary={
+                "enabled": True,
+                "prompts": 2,
+                "probes": 1,
+                "reference_tokens": 8,
+                "probe_tokens": 4,
+                "baseline_idle_runs": 1,
+                "baseline_load_runs": 0,
+            },
+        )
+        with pytest.raises(ServerError) as refused:
+            pipeline.generate(config, DATASET, None, progress=False)
+    assert str(refused.value) == (
+        f"{server.url}: a canary answer broke the token contract: output_ids[0] is -1, outside "
+        "the tokenizer's vocabulary [0, 3000)"
+    )
+    assert read_records(out) == []

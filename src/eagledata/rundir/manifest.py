@@ -293,7 +293,7 @@ class RunDir:
         only says which process holds it."""
         try:
             self.path.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY)
+            fd = os.open(self.path, os.O_DIRECTORY)  # opened read-only
         except OSError as exc:
             raise storage_error("create", self.path, exc) from None
         try:
