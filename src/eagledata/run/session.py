@@ -318,6 +318,7 @@ class Run:
             dataset_name=self.dataset.name,
             on_failure=self._count_failure,
             load=parts.controller,
+            stopped=parts.scheduler.stopped,
         )
 
     def _release(self, parts: SessionParts, payload: tuple[WorkItem, GenerateResult]) -> None:
