@@ -102,7 +102,9 @@ class ServerSettings(Strict):
         None, ge=1, description="The model's bf16 KV bytes/token (Kimi-K2.5: 70272)"
     )
     connect_timeout_s: float = Field(10.0, gt=0)
-    request_timeout_s: float = Field(3600.0, gt=0)
+    request_timeout_s: float = Field(
+        3600.0, gt=0, description="A request's whole life, connect to last byte (not per read)"
+    )
     guard_interval_s: float = Field(60.0, gt=0)
     guard_max_held: int = Field(256, ge=1)
     down_deadline_s: float = Field(1800.0, ge=0)
