@@ -28,7 +28,7 @@ from eagledata.export import ExportOptions, export_runs
 from eagledata.run import pipeline
 from eagledata.rundir.lines import QuarantineLine
 from eagledata.rundir.manifest import RunDir, sealed_shards
-from eagledata.rundir.shardindex import index_path, load_index
+from eagledata.rundir.shardindex import build_index, index_path, load_index
 from eagledata.rundir.verify import verify_run
 from eagledata.simserver import SimServerThread
 
@@ -255,3 +255,31 @@ def test_deleting_the_lock_file_during_a_run_does_not_let_resume_in(
             first.communicate()
     ids = [r["id"] for r in read_records(out)] + [f["id"] for f in read_failures(out)]
     assert len(ids) == len(set(ids))
+
+
+def test_an_index_written_before_fingerprints_is_still_trusted(
+    sim: SimServerThread, tmp_path: Path
+) -> None:
+    """A version 1 index (no ``settings``) stands for a shard whose records carry no
+    fingerprint: it is read as such, not rebuilt by every reader of an older run."""
+    import hashlib
+
+    out = finished_run(sim, tmp_path / "run")
+    shard = sealed_shards(out)[0]
+    lines = [orjson.loads(line) for line in shard.read_bytes().splitlines()]
+    shard.write_bytes(
+        b"".join(
+            orjson.dumps({k: v for k, v in r.items() if k != "settings"}) + b"\n" for r in lines
+        )
+    )
+    body = {k: v for k, v in build_index(shard).line().__dict__.items() if k != "digest"}
+    del body["settings"]
+    body["version"] = 1
+    blob = orjson.dumps(body, option=orjson.OPT_SORT_KEYS)
+    digest = hashlib.blake2b(blob, digest_size=16).hexdigest()
+    index_path(shard).write_bytes(
+        orjson.dumps({**body, "digest": digest}, option=orjson.OPT_SORT_KEYS)
+    )
+    index = load_index(shard)
+    assert index.settings == {"": len(lines)}
+    assert verify_run(out, full=True).ok

@@ -36,7 +36,9 @@ from eagledata.errors import StorageError
 from eagledata.rundir.lines import LineError, ShardIndexLine
 
 INDEX_VERSION = 2
-"""2: records per settings fingerprint (``settings``); a version 1 index is rebuilt once."""
+"""2 adds ``settings`` (records per settings fingerprint). A version 1 index is still read: it
+was written before records carried a fingerprint, so all of its records have none."""
+READ_VERSIONS = (1, INDEX_VERSION)
 INDEX_SUFFIX = ".idx.json"
 
 # Why an index was not trusted (``IndexRead.rebuilt``).
@@ -110,8 +112,10 @@ class ShardIndex:
             raw = orjson.loads(data)
         except orjson.JSONDecodeError:
             raise IndexRejected(TORN, "not valid JSON") from None
-        if not isinstance(raw, dict) or raw.get("version") != INDEX_VERSION:
+        if not isinstance(raw, dict) or raw.get("version") not in READ_VERSIONS:
             raise IndexRejected(TORN, f"not a version {INDEX_VERSION} index")
+        if raw["version"] == 1 and "settings" in raw:
+            raise IndexRejected(FORGED, "a version 1 index with a field of version 2")
         try:
             line = ShardIndexLine.from_object(raw)
         except LineError as exc:
@@ -133,7 +137,7 @@ class ShardIndex:
             spec_verify_ct=line.spec_verify_ct,
             flagged=line.flagged,
             invalid_lines=line.invalid_lines,
-            settings=line.settings,
+            settings=line.settings if line.version > 1 else {"": line.records},
         )
         index.check_consistent(line.records)
         return index
@@ -168,8 +172,10 @@ class IndexRejected(Exception):
 
 
 def _body(line: ShardIndexLine) -> dict[str, Any]:
-    """What the digest covers: every field but the digest."""
-    return {name: value for name, value in line.__dict__.items() if name != "digest"}
+    """What the digest covers: every field but the digest (and, in a version 1 index, the
+    ``settings`` it did not have)."""
+    left_out = {"digest"} if line.version > 1 else {"digest", "settings"}
+    return {name: value for name, value in line.__dict__.items() if name not in left_out}
 
 
 def _digest(body: dict[str, Any]) -> str:
