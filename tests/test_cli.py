@@ -12,6 +12,7 @@ import pytest
 
 from conftest import SAMPLES, TOKENIZER, eagledata_cmd, make_config, sim_config
 from eagledata.run import pipeline
+from eagledata.rundir.records import failure_line
 from eagledata.simserver import SimServerThread
 
 SHAREGPT = str(SAMPLES / "sharegpt.jsonl")
@@ -185,7 +186,16 @@ def test_verify_fails_on_a_record_that_also_failed(finished: Path, tmp_path: Pat
     _, lines = shard_lines(run)
     item_id = orjson.loads(lines[0])["id"]
     with (run / "failures.jsonl").open("ab") as handle:
-        handle.write(orjson.dumps({"id": item_id, "reason": "timeout"}) + b"\n")
+        entry = failure_line(
+            item_id=item_id,
+            dataset="bad_rows",
+            row_id="good-001",
+            sample=0,
+            reason="timeout",
+            message="timed out",
+            attempts=5,
+        )
+        handle.write(entry.dump() + b"\n")
     result = cli("verify", str(run))
     assert result.returncode == 1
     assert f"id '{item_id}' already at shards/shard-000000.jsonl:1" in result.stdout

@@ -223,7 +223,8 @@ def test_verify_notes_a_rebuilt_index_and_checks_that_shard_line_by_line(
         line = data[: data.index(b'"STOP"')].count(b"\n") + 1
         assert report.problems == [
             f"shards/shard-000000.jsonl:{line}: not a record "
-            "(finish_reason: Input should be 'stop' or 'length')"
+            "(finish_reason: Input should be 'stop' or 'length'); run 'eagledata verify "
+            f"{run} --repair' to move it aside"
         ]
     else:
         assert report.ok, report.problems

@@ -104,7 +104,9 @@ class ServerSettings(Strict):
         None, ge=1, description="The model's bf16 KV bytes/token (Kimi-K2.5: 70272)"
     )
     connect_timeout_s: float = Field(10.0, gt=0)
-    request_timeout_s: float = Field(3600.0, gt=0)
+    request_timeout_s: float = Field(
+        3600.0, gt=0, description="A request's whole life, connect to last byte (not per read)"
+    )
     guard_interval_s: float = Field(60.0, gt=0)
     guard_max_held: int = Field(256, ge=1)
     down_deadline_s: float = Field(1800.0, ge=0)
@@ -135,9 +137,18 @@ class RunSettings(Strict):
     @field_validator("concurrency", mode="before")
     @classmethod
     def _concurrency(cls, value: Any) -> Any:
-        if isinstance(value, str) and value.strip().isdigit():
+        """'auto' or 1..65536, however it is spelled: ``-5``, ``"-5"`` (a flag, a TOML string)
+        and ``8.5`` are refused here, before pydantic's coercion could let them through."""
+        if isinstance(value, str) and value.strip() != "auto":
+            try:
+                value = int(value)
+            except ValueError:
+                raise ValueError("must be 'auto' or an integer from 1 to 65536") from None
+        if isinstance(value, float) and value.is_integer():
             value = int(value)
-        if isinstance(value, int) and not isinstance(value, bool) and not 1 <= value <= 65536:
+        if isinstance(value, str):
+            return value.strip()
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65536:
             raise ValueError("must be 'auto' or an integer from 1 to 65536")
         return value
 
@@ -248,7 +259,7 @@ class FrozenSettings(Strict):
 _TYPE_TAGS = frozenset({"int", "str", "float", "bool", "none", "list", "dict"})
 
 
-def _field_path(loc: tuple[int | str, ...]) -> tuple[str, ...]:
+def field_key(loc: tuple[int | str, ...]) -> tuple[str, ...]:
     """The settings key of an error: pydantic appends the branch of a union it tried (``int``,
     ``literal['auto']``, ``function-after[...]``), which is no key anyone wrote."""
     parts = [str(part) for part in loc]
@@ -280,7 +291,7 @@ def format_validation_error(
     it may have meant (from ``model``'s fields). A union's branches are one line, not one each."""
     by_key: dict[tuple[str, ...], list[dict[str, Any]]] = {}
     for item in error.errors():
-        by_key.setdefault(_field_path(item["loc"]), []).append(dict(item))
+        by_key.setdefault(field_key(item["loc"]), []).append(dict(item))
     lines = []
     for path, items in by_key.items():
         key = ".".join(path)

@@ -121,6 +121,28 @@ class TaskScope:
                 self.on_stuck(self.stuck)
 
 
+async def unless_set(
+    event: asyncio.Event, coro: Coroutine[Any, Any, T], *, name: str
+) -> tuple[bool, T | None]:
+    """Await ``coro`` unless ``event`` is set first: ``(True, result)`` if it ended, ``(False,
+    None)`` if the event came first (``coro`` is then cancelled, and awaited, in a scope). Its
+    error, if it fails, is raised. For a wait a stop must cut short: admission, a server's
+    recovery."""
+    if event.is_set():
+        coro.close()
+        return False, None
+    async with TaskScope(shutdown_s=UNLESS_SET_SHUTDOWN_S) as scope:
+        work = scope.create_task(coro, name=name)
+        stop = scope.create_task(event.wait(), name=f"{name}:stop")
+        await asyncio.wait({work, stop}, return_when=asyncio.FIRST_COMPLETED)
+    if work.done() and not work.cancelled():
+        return True, work.result()
+    return False, None
+
+
+UNLESS_SET_SHUTDOWN_S = 5.0
+
+
 def run_until_done(main: Coroutine[Any, Any, T], *, shutdown_s: float = 5.0) -> T:
     """``asyncio.run`` whose shutdown is bounded: tasks left over are cancelled and waited on
     for at most ``shutdown_s``; tasks a scope abandoned are not waited on at all."""

@@ -1,55 +1,36 @@
 """The typer shell: parse flags, call the library, print one line on failure.
 
-The commands live by what they act on (``data_commands``: work sent to a server;
-``run_dir_commands``: run directories read; ``server_commands``: servers checked, launched,
-planned or simulated); ``shell`` holds what they share. They are registered here, in the order
-``--help`` lists them. ``eagledata.cli:main`` is the console entry point, ``python -m
-eagledata.cli`` runs it too (``__main__``).
+``eagledata.cli:main`` is the console entry point, ``python -m eagledata.cli`` runs it too
+(``__main__``); ``app`` (``cli/commands.py``) holds the commands. This module imports nothing
+heavy: ``main`` makes a Ctrl-C quiet (``cli/interrupts.py``) before the imports a command needs
+begin.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
-import typer
-
-from eagledata.cli.data_commands import canary, generate, resume
-from eagledata.cli.run_dir_commands import export, report, status, verify
-from eagledata.cli.server_commands import check_server, launch_server, plan, sim_server
-from eagledata.cli.shell import EXIT_INTERRUPTED
-
-app = typer.Typer(
-    add_completion=False,
-    no_args_is_help=True,
-    # Plain click help: rich's boxed tables squeeze option names and their text into slivers
-    # at 80 columns ("--draft-vocab-s…") and print "<bool>" for flags.
-    rich_markup_mode=None,
-    pretty_exceptions_enable=False,
-    help="Token-faithful EAGLE-3 drafter data from an SGLang server, bf16 KV cache enforced.",
-)
-
-app.command()(generate)
-app.command()(resume)
-app.command()(status)
-app.command()(canary)
-app.command()(verify)
-app.command()(report)
-app.command("check-server")(check_server)
-# extra arguments after -- pass through to SGLang
-app.command(
-    "launch-server",
-    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
-)(launch_server)
-app.command()(plan)
-app.command("sim-server")(sim_server)
-app.command()(export)
+from eagledata.cli.interrupts import EXIT_INTERRUPTED, quiet_start
 
 
 def main() -> None:
+    quiet_start()
     # transformers warns at import that PyTorch is absent; eagledata needs only its tokenizers.
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    from eagledata.cli.commands import app
+
     try:
         app()
     except KeyboardInterrupt:
         sys.exit(EXIT_INTERRUPTED)
+
+
+def __getattr__(name: str) -> Any:
+    """``from eagledata.cli import app`` still works, without importing it at package import."""
+    if name == "app":
+        from eagledata.cli.commands import app
+
+        return app
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -33,10 +33,22 @@ def verify(
     full: Annotated[
         bool, typer.Option("--full", help="Read every line of every shard, not their indexes")
     ] = False,
+    repair: Annotated[
+        bool,
+        typer.Option(
+            "--repair",
+            help="Move every unreadable line into RUN_DIR/quarantine.jsonl and rebuild the "
+            "indexes; resume then generates those items again",
+        ),
+    ] = False,
 ) -> None:
     """Check unique ids, token counts, and that counts reconcile with the plan."""
-    from eagledata.rundir.verify import verify_run
+    from eagledata.rundir.verify import repair_run, verify_run
 
+    if repair:
+        repaired = guarded(lambda: repair_run(run_dir))
+        typer.echo(repaired.render(run_dir))
+        return
     report = guarded(lambda: verify_run(run_dir, full=full))
     for note in report.notes:
         typer.echo(f"note: {note}")

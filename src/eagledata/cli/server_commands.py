@@ -2,29 +2,36 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
+from eagledata.cli.interrupts import EXIT_INTERRUPTED
 from eagledata.cli.shell import (
-    EXIT_INTERRUPTED,
     ConfigOpt,
     ProfilesDirOpt,
     ServerOpt,
     guarded,
     load_app_config,
 )
-from eagledata.config import default_config_path, load_config
+from eagledata.config import ServerSettings, default_config_path, load_config
 
 
-def _guard_targets(config_path: Path | None) -> tuple[str | None, int | None]:
-    """The model and bf16 bytes/token the guard expects, from the config when there is one."""
+def _server_settings(config_path: Path | None) -> ServerSettings:
+    """The config's server settings (the model and bf16 bytes/token the guard expects, the
+    API key's variable), the defaults when there is no config."""
     path = config_path or default_config_path()
     if path is None:
-        return None, None
-    server = load_config(path).server
-    return server.expected_model, server.bf16_kv_bytes_per_token
+        return ServerSettings()
+    return load_config(path).server
+
+
+def _auth_headers(server: ServerSettings) -> dict[str, str]:
+    """The bearer header every command sends (``server.api_key_env``), if the key is set."""
+    key = os.environ.get(server.api_key_env)
+    return {"Authorization": f"Bearer {key}"} if key else {}
 
 
 def check_server(
@@ -42,15 +49,16 @@ def check_server(
     from eagledata.server.serverfacts import format_facts
 
     def check() -> tuple[Any, Any]:
-        model, bytes_per_token = (None, None)
-        if expected_model is None or bf16_bytes_per_token is None:
-            model, bytes_per_token = _guard_targets(config)
-        with httpx.Client(timeout=httpx.Timeout(30.0, connect=5.0)) as http:
+        server = _server_settings(config)
+        with httpx.Client(
+            timeout=httpx.Timeout(30.0, connect=5.0), headers=_auth_headers(server)
+        ) as http:
             return check_running_server(
                 http,
                 url.rstrip("/"),
-                expected_model=expected_model or model,
-                bf16_bytes_per_token=bf16_bytes_per_token or bytes_per_token,
+                expected_model=expected_model or server.expected_model,
+                bf16_bytes_per_token=bf16_bytes_per_token or server.bf16_kv_bytes_per_token,
+                api_key_env=server.api_key_env,
             )
 
     facts, verdict = guarded(check)
@@ -90,15 +98,22 @@ def launch_server(
         typer.echo(format_command(command))
         return
     typer.echo(f"profile {chosen.name}{picked}: {chosen.source}", err=True)
-    result = guarded(
-        lambda: launch_and_wait(
-            chosen,
-            extra,
-            script=script,
-            deadline_s=deadline,
-            on_progress=lambda line: typer.echo(line, err=True),
+    import httpx
+
+    # the server may be started with --api-key: its checks send the key as every command does
+    with httpx.Client(
+        timeout=httpx.Timeout(30.0, connect=5.0), headers=_auth_headers(ServerSettings())
+    ) as http:
+        result = guarded(
+            lambda: launch_and_wait(
+                chosen,
+                extra,
+                script=script,
+                deadline_s=deadline,
+                on_progress=lambda line: typer.echo(line, err=True),
+                client=http,
+            )
         )
-    )
     typer.echo(format_facts(result.facts, result.verdict))
     if not result.verdict.ok:
         raise typer.Exit(4)
@@ -166,10 +181,13 @@ def plan(
         else:
             workload = REFERENCE_WORKLOAD
         live = []
-        with httpx.Client(timeout=httpx.Timeout(30.0, connect=5.0)) as http:
+        settings = _server_settings(config) if server else ServerSettings()
+        with httpx.Client(
+            timeout=httpx.Timeout(30.0, connect=5.0), headers=_auth_headers(settings)
+        ) as http:
             for url in server or []:
-                facts = ServerFacts.from_server_info(fetch_server_info(http, url.rstrip("/")))
-                live.append((url, facts))
+                info = fetch_server_info(http, url.rstrip("/"), settings.api_key_env)
+                live.append((url, ServerFacts.from_server_info(info)))
         profiles = load_profiles(profile, profiles_dir)
         rows = build_plan(profiles, workload, live, accept_length=accept_length)
         if as_json:

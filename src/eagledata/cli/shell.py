@@ -9,11 +9,11 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 
+from eagledata.cli.interrupts import EXIT_INTERRUPTED, hand_back
 from eagledata.config import AppConfig, default_config_path, load_config
 from eagledata.errors import EagledataError
 
 T = TypeVar("T")
-EXIT_INTERRUPTED = 130
 
 
 def fail(error: EagledataError) -> None:
@@ -22,7 +22,9 @@ def fail(error: EagledataError) -> None:
 
 
 def guarded(action: Callable[[], T]) -> T:
-    """Run ``action``; our errors become one line on stderr and their exit code."""
+    """Run ``action``; our errors become one line on stderr and their exit code. A Ctrl-C is
+    the action's own again (``cli.main`` made it quiet while the command started)."""
+    hand_back()
     try:
         return action()
     except EagledataError as error:

@@ -125,7 +125,12 @@ class CanaryScorer:
                 "sampling_params": {"max_new_tokens": 0},
             }
             answer = await self._post(url, on_rank(scoring, index), measured)
-            return _parse_scored(url, answer, prompt, reference, canary)
+            try:
+                return _parse_scored(url, answer, prompt, reference, canary)
+            except (TypeError, ValueError, IndexError, OverflowError) as exc:
+                raise ServerError(
+                    f"{url}: a canary scoring came back malformed ({type(exc).__name__}: {exc})"
+                ) from None
 
         async def probe(index: int, prompt: list[int]) -> list[int]:
             params = {"max_new_tokens": canary.probe_tokens, "temperature": 0.0, "ignore_eos": True}

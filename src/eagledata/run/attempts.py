@@ -1,11 +1,17 @@
 """One item's attempts: send it, retry with backoff, decide whether the item or its server failed.
 
 The pipeline builds one ``ItemSender`` per session and hands ``send`` to the scheduler.
+
+Once the session is stopped (``stopped``: the first Ctrl-C or SIGTERM) no new attempt starts:
+an attempt in flight ends within its deadline (``request_timeout_s``), a wait (a backoff, an
+admission, a server's recovery) ends at once, and an item without its answer is left undone
+(``resume`` generates it), neither a record nor a failure.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
 from collections.abc import Callable
@@ -21,6 +27,7 @@ from eagledata.rundir.records import failure_line
 from eagledata.server.answers import QueueFullError, ServerDownError
 from eagledata.server.client import SGLangClient, new_rid
 from eagledata.source.workplan import WorkItem
+from eagledata.tasks import unless_set
 
 
 class ItemSender:
@@ -40,6 +47,7 @@ class ItemSender:
         dataset_name: str,
         on_failure: Callable[[], None],
         load: LoadController | None = None,
+        stopped: asyncio.Event | None = None,
     ) -> None:
         self.client = client
         self.guard = guard
@@ -52,13 +60,29 @@ class ItemSender:
         self.on_failure = on_failure
         self.load = load
         """Under ``--concurrency auto``: the gate each attempt passes, and where it goes."""
+        self.stopped = stopped if stopped is not None else asyncio.Event()
+        """Set when the session stops: no new attempt, no more waiting."""
+
+    async def _pause(self, seconds: float) -> None:
+        """Sleep ``seconds``, or less if the session stops meanwhile."""
+        if seconds <= 0 or self.stopped.is_set():
+            return
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(seconds):
+                await self.stopped.wait()
 
     async def _attempt(self, item: WorkItem, params: dict[str, Any]) -> Any:
         """One request; under auto, admitted by the load controller and sent where it chose."""
         load = self.load
         if load is None or not load.auto:
             return await self.client.generate(item.input_ids, params, new_rid())
-        ticket = await load.acquire(len(item.input_ids))
+        admitted, ticket = await unless_set(
+            self.stopped, load.acquire(len(item.input_ids)), name=f"admit:{item.item_id}"
+        )
+        if not admitted or ticket is None or self.stopped.is_set():
+            if ticket is not None:
+                load.release(ticket)
+            return None  # stopped while waiting for room: nothing was sent
         try:
             result = await self.client.generate(
                 item.input_ids, params, new_rid(), url=ticket.lane.server, dp_rank=ticket.lane.rank
@@ -85,7 +109,7 @@ class ItemSender:
                 f"(last: {exc}); the run is saved: fix the server and run 'eagledata resume "
                 "RUN_DIR'"
             )
-        await asyncio.sleep(random.uniform(0.5, 4.0) * min(1.0, self.policy.base_s))
+        await self._pause(random.uniform(0.5, 4.0) * min(1.0, self.policy.base_s))
 
     async def send(self, item: WorkItem) -> None:
         client = self.client
@@ -94,32 +118,40 @@ class ItemSender:
         params = {**self.sampling_params, "sampling_seed": item.sample}
         attempts = 0
         first_failure: float | None = None
-        while True:
+        while not self.stopped.is_set():
             try:
                 result = await self._attempt(item, params)
             except QueueFullError as exc:
                 await self._queue_full(exc, item)
                 continue
             except ServerDownError:
-                await client.wait_until_healthy(
-                    self.down_deadline_s, self.guard.check_reconnected, self.progress.note
+                await unless_set(
+                    self.stopped,
+                    client.wait_until_healthy(
+                        self.down_deadline_s, self.guard.check_reconnected, self.progress.note
+                    ),
+                    name=f"recover:{item.item_id}",
                 )
                 continue
             except RetryableItemError as exc:
+                if self.stopped.is_set():
+                    return  # no new attempt after a stop: resume generates it
                 attempts += 1
                 first_failure = first_failure or time.monotonic()
                 if attempts < self.policy.max_attempts:
-                    await asyncio.sleep(self.policy.delay(attempts))
+                    await self._pause(self.policy.delay(attempts))
                     continue
                 if await self._server_at_fault(exc, first_failure, item):
                     attempts -= 1  # not the item's attempt: try again once the server works
-                    await asyncio.sleep(self.policy.delay(attempts))
+                    await self._pause(self.policy.delay(attempts))
                     continue
                 self._fail(item, exc, attempts)
                 return
             except ItemError as exc:
                 self._fail(item, exc, attempts + 1)
                 return
+            if result is None:
+                return  # stopped before it was sent
             self.guard.hold((item, result), result.server, result.completed_at)
             return
 

@@ -10,7 +10,7 @@ import contextlib
 from collections.abc import Sequence
 
 from eagledata.config import AppConfig
-from eagledata.errors import EagledataError, ServerRefusedError, ServerUnavailableError
+from eagledata.errors import ConfigError, EagledataError, ServerRefusedError, ServerUnavailableError
 from eagledata.run.loadcontrol import LoadController, ServerPlan
 from eagledata.run.progress import Progress
 from eagledata.rundir.manifest import RunDir
@@ -43,11 +43,26 @@ async def first_contact(
         raise _name_the_model_setting(refused, config, run_dir, expected_model) from None
     input_limits = [f.max_req_input_len for f in facts if f.max_req_input_len is not None]
     contexts = [f.context_length for f in facts if f.context_length is not None]
+    check_max_new_tokens(config, min(contexts, default=None))
     return LengthLimit.combine(
         configured_cap=config.generation.max_prompt_tokens,
         max_req_input_len=min(input_limits, default=None),
         context_length=min(contexts, default=None),
         max_new_tokens=config.generation.max_new_tokens,
+    )
+
+
+def check_max_new_tokens(config: AppConfig, context_length: int | None) -> None:
+    """``max_new_tokens`` against the server's context, before the run is created: SGLang
+    refuses a request whose prompt and ``max_new_tokens`` reach ``context_length``, so a value
+    that leaves no room for a one-token prompt would fail every item (and be frozen)."""
+    asked = config.generation.max_new_tokens
+    if context_length is None or asked <= context_length - 2:
+        return
+    raise ConfigError(
+        f"generation.max_new_tokens is {asked:,}, but the server's context_length is "
+        f"{context_length:,}: no prompt would fit; pass --max-new-tokens of at most "
+        f"{context_length - 2:,} (less the longest prompt)"
     )
 
 

@@ -7,10 +7,11 @@ runs one session (``run/session.py``: the steps wired together) in ``_execute``.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from pydantic import ValidationError
 
-from eagledata.config import AppConfig, RunSettings, format_validation_error
+from eagledata.config import AppConfig, field_key, format_validation_error
 from eagledata.errors import ConfigError, EagledataError, RunDirError
 from eagledata.run.progress import Summary
 from eagledata.run.session import Run
@@ -81,32 +82,59 @@ def resume(
 ) -> Summary:
     run_dir = RunDir(run_path)
     manifest = run_dir.read()
-    if "config" not in manifest:
+    if not isinstance(manifest.get("config"), dict):
         raise RunDirError(f"{run_path}/run.json lacks its settings; start a new run")
-    config = AppConfig.model_validate(manifest["config"])
+    config = stored_config(run_dir, manifest["config"], server_urls, concurrency)
     stored_canary = manifest.get("canary")
     enabled = bool(stored_canary.get("enabled")) if isinstance(stored_canary, dict) else False
     # A run from before the canary existed has none: resume keeps it that way.
     config = config.model_copy(
         update={"canary": config.canary.model_copy(update={"enabled": enabled})}
     )
-    if server_urls:
-        config = config.model_copy(
-            update={"server": config.server.model_copy(update={"urls": server_urls})}
-        )
-    if concurrency:
-        config = config.model_copy(update={"run": _with_concurrency(config.run, concurrency)})
     frozen = run_dir.frozen()
     dataset = ResolvedDataset(frozen.dataset_name, frozen.dataset)
     check_local_source(dataset, f"{run_path}/run.json")
     return _execute(config, dataset, run_path, progress, retry_failed)
 
 
-def _with_concurrency(run: RunSettings, concurrency: int | str) -> RunSettings:
-    """``resume --concurrency auto|N``, checked like the config's own value."""
+RESUME_FLAGS = {"server.urls": "--server", "run.concurrency": "--concurrency"}
+"""What resume may change, by the flag that changes it."""
+
+
+def stored_config(
+    run_dir: RunDir,
+    stored: dict[str, Any],
+    server_urls: list[str] | None,
+    concurrency: int | str | None,
+) -> AppConfig:
+    """The settings a run was started with, checked again by this release, with what resume
+    may change (the servers, the concurrency) put in first: a stored concurrency this release
+    refuses never blocks ``resume --concurrency N``. A stored setting it refuses otherwise is
+    named, key by key, in one line each."""
+    raw = {
+        section: dict(value) if isinstance(value, dict) else value
+        for section, value in stored.items()
+    }
+    flags: set[str] = set()
+    if server_urls:
+        raw.setdefault("server", {})["urls"] = server_urls
+        flags.add("server.urls")
+    if concurrency:
+        raw.setdefault("run", {})["concurrency"] = concurrency
+        flags.add("run.concurrency")
     try:
-        return RunSettings.model_validate({**run.model_dump(), "concurrency": concurrency})
+        return AppConfig.model_validate(raw)
     except ValidationError as exc:
-        raise ConfigError(
-            format_validation_error(exc, "", {"concurrency": "--concurrency"})
-        ) from None
+        named = {key: RESUME_FLAGS[key] for key in flags}
+        problems = format_validation_error(exc, f"{run_dir.run_json}: ", named, AppConfig)
+        keys = {".".join(field_key(error["loc"])) for error in exc.errors()}
+        if keys <= flags:
+            raise ConfigError(problems) from None
+        if "run.concurrency" in keys - flags:
+            fix = "pass --concurrency auto or N to resume"
+        else:
+            fix = (
+                "the run was started with a setting this eagledata refuses: continue it with "
+                "the eagledata version that started it, or start a new run with --out"
+            )
+        raise ConfigError(f"{problems}; {fix}") from None

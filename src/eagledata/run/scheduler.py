@@ -45,6 +45,8 @@ class Scheduler(Generic[T]):
         self.stats = SchedulerStats()
         self._queue: asyncio.Queue[T | None] = asyncio.Queue(queue_size or 2 * concurrency)
         self._stopping = False
+        self.stopped = asyncio.Event()
+        """Set by ``stop()``: what a handler waits on to cut its own waits short."""
 
     @property
     def stopping(self) -> bool:
@@ -53,6 +55,7 @@ class Scheduler(Generic[T]):
     def stop(self) -> None:
         """Take no new work; items already being handled finish. Queued items stay undone."""
         self._stopping = True
+        self.stopped.set()
         while not self._queue.empty():
             self._queue.get_nowait()
         for _ in range(self.concurrency):

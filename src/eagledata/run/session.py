@@ -119,9 +119,10 @@ class Run:
         files = self._open_files()
         parts: SessionParts | None = None
         try:
-            async with self._client() as client:
+            with cancel_on_signals(self._on_startup_stop):
+                tokenizer = None if files.all_done else await self._tokenizer()
+            async with self._client(tokenizer) as client:
                 with cancel_on_signals(self._on_startup_stop):
-                    tokenizer = None if files.all_done else await self._tokenizer()
                     parts = await self._contact_servers(client, files, tokenizer)
                     await self._start_canary(parts, tokenizer)
                     await self._start_load_controller(parts)
@@ -143,10 +144,14 @@ class Run:
         """Seal what an earlier process left open, count what is done, open the journals."""
         config = self.config
         path = self.run_dir.path
-        writer = ShardWriter(path, config.run.shard_size, config.run.fsync_interval_s)
+        fingerprint = self.frozen.fingerprint()
+        writer = ShardWriter(
+            path, config.run.shard_size, config.run.fsync_interval_s, fingerprint=fingerprint
+        )
         writer.seal_pending()
         # under the lock: an index found missing, torn, stale or forged is written back
         totals = scan_totals(path, persist_indexes=True)
+        self.run_dir.check_adopted(totals, fingerprint, vouched=self.run_dir.exists())
         planned = self.run_dir.planned() if self.run_dir.exists() else None
         # A plan read to its end whose every item is done: nothing to tokenize, send or flag,
         # so neither the tokenizer nor the dataset is read (every done id is a plan id, so the
@@ -159,7 +164,7 @@ class Run:
         rows = None if all_done else count_rows(self.dataset.settings, config.run.limit)
         return SessionFiles(
             writer=writer,
-            failures=FailureLog(path, config.run.fsync_interval_s),
+            failures=FailureLog(path, config.run.fsync_interval_s, fingerprint=fingerprint),
             check_log=self.run_dir.check_log(config.run.fsync_interval_s),
             totals=totals,
             planned_before=planned,
@@ -170,7 +175,7 @@ class Run:
     async def _tokenizer(self) -> PromptTokenizer:
         return await asyncio.to_thread(PromptTokenizer, self.config.tokenizer)
 
-    def _client(self) -> SGLangClient:
+    def _client(self, tokenizer: PromptTokenizer | None) -> SGLangClient:
         server = self.config.server
         return SGLangClient(
             server.urls,
@@ -180,6 +185,8 @@ class Run:
             request_timeout_s=server.request_timeout_s,
             api_key=SGLangClient.api_key_from_env(server.api_key_env),
             api_key_env=server.api_key_env,
+            # an answer's ids are checked against the vocabulary before anything reads them
+            vocab_size=None if tokenizer is None else tokenizer.vocab_size,
         )
 
     def _fixed(self) -> int | None:
@@ -324,6 +331,7 @@ class Run:
             dataset_name=self.dataset.name,
             on_failure=self._count_failure,
             load=parts.controller,
+            stopped=parts.scheduler.stopped,
         )
 
     def _release(self, parts: SessionParts, payload: tuple[WorkItem, GenerateResult]) -> None:

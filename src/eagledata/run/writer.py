@@ -13,6 +13,11 @@ Commit protocol (invariant 3):
   ``load_dataset("json", data_files="RUN_DIR/shards/*.jsonl")`` only ever sees whole shards.
 * Right after a shard is sealed its index (``shardindex``) is written next to it, built while the
   shard was written; a shard sealed by ``seal_pending`` gets one built from its lines.
+* ``seal_pending`` (a journal an earlier process left open) seals only lines that read as whole
+  records: any other line is moved into ``quarantine.jsonl`` (``rundir/quarantine.py``) and its
+  item generated again, never moved into ``shards/``.
+* Every record and failure line carries the fingerprint of the run's frozen settings
+  (``settings``): a run never adopts lines made under other settings (``RunDir.check_adopted``).
 """
 
 from __future__ import annotations
@@ -28,13 +33,24 @@ from eagledata.rundir.journal import (
     storage_error,
 )
 from eagledata.rundir.lines import FailureLine, RecordLine
+from eagledata.rundir.quarantine import Quarantine, record_problem
 from eagledata.rundir.shardindex import IndexBuilder, build_index, write_index
 
 
 class ShardWriter:
     """Writes records in completion order into ``shards/shard-NNNNNN.jsonl``."""
 
-    def __init__(self, run_dir: Path, shard_size: int, fsync_interval_s: float = 1.0) -> None:
+    def __init__(
+        self,
+        run_dir: Path,
+        shard_size: int,
+        fsync_interval_s: float = 1.0,
+        *,
+        fingerprint: str | None = None,
+    ) -> None:
+        """``fingerprint``: the run's frozen settings', stamped on every record written."""
+        self.run_dir = run_dir
+        self.fingerprint = fingerprint
         self.shards_dir = run_dir / "shards"
         self.pending_dir = run_dir / "pending"
         self.shard_size = shard_size
@@ -58,28 +74,39 @@ class ShardWriter:
         return max(seqs, default=-1) + 1
 
     def seal_pending(self) -> int:
-        """Repair and seal journals left by an earlier process. Returns how many were sealed."""
+        """Repair and seal journals left by an earlier process: a torn tail is cut, a whole line
+        that is not a record is moved into the quarantine. Returns how many were sealed."""
         sealed = 0
-        for name in sorted(os.listdir(self.pending_dir)):
-            if not SHARD_PATTERN.match(name):
-                continue
-            path = self.pending_dir / name
-            try:
-                repair_torn_tail(path)
-                if path.stat().st_size == 0:
-                    path.unlink()
-                    continue
-                with path.open("rb+") as handle:
-                    os.fsync(handle.fileno())
-                os.replace(path, self.shards_dir / name)
-                fsync_dir(self.shards_dir)
-            except OSError as exc:
-                raise storage_error("seal", path, exc) from None
-            write_index(self.shards_dir / name, build_index(self.shards_dir / name))
-            sealed += 1
+        quarantine = Quarantine(self.run_dir)
+        try:
+            for name in sorted(os.listdir(self.pending_dir)):
+                if SHARD_PATTERN.match(name):
+                    sealed += self._seal_left_open(self.pending_dir / name, quarantine)
+        finally:
+            quarantine.close()
         return sealed
 
+    def _seal_left_open(self, path: Path, quarantine: Quarantine) -> int:
+        """Seal one journal left open; 0 if nothing of it was left to seal."""
+        target = self.shards_dir / path.name
+        try:
+            repair_torn_tail(path)
+            quarantine.move_aside(path, record_problem, torn_tail=False)
+            if path.stat().st_size == 0:
+                path.unlink()
+                return 0
+            with path.open("rb+") as handle:
+                os.fsync(handle.fileno())
+            os.replace(path, target)
+            fsync_dir(self.shards_dir)
+        except OSError as exc:
+            raise storage_error("seal", path, exc) from None
+        write_index(target, build_index(target))
+        return 1
+
     def write(self, record: RecordLine) -> None:
+        if self.fingerprint is not None and record.settings != self.fingerprint:
+            record = record.model_copy(update={"settings": self.fingerprint})
         if self._journal is None:
             path = self.pending_dir / f"shard-{self._next_seq:06d}.jsonl"
             self._next_seq += 1
@@ -126,10 +153,15 @@ class ShardWriter:
 class FailureLog:
     """``failures.jsonl``: one line per (prompt, sample) that ended without a record."""
 
-    def __init__(self, run_dir: Path, fsync_interval_s: float = 1.0) -> None:
+    def __init__(
+        self, run_dir: Path, fsync_interval_s: float = 1.0, *, fingerprint: str | None = None
+    ) -> None:
         self._journal = Journal(run_dir / "failures.jsonl", fsync_interval_s)
+        self.fingerprint = fingerprint
 
     def write(self, entry: FailureLine) -> None:
+        if self.fingerprint is not None and entry.settings != self.fingerprint:
+            entry = entry.model_copy(update={"settings": self.fingerprint})
         self._journal.append(entry.dump())
 
     def close(self) -> None:

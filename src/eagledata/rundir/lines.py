@@ -20,6 +20,7 @@ which ``run.json`` records (``line_schemas``) for every run it starts.
 | ``QualityLine`` | ``quality.jsonl`` | ``quality/canary.py`` |
 | ``TelemetryLine`` | ``telemetry.jsonl`` | ``run/telemetry.py`` |
 | ``ShardIndexLine`` | ``shards/*.idx.json`` | ``rundir/shardindex.py`` |
+| ``QuarantineLine`` | ``quarantine.jsonl`` | ``rundir/quarantine.py`` |
 """
 
 from __future__ import annotations
@@ -131,6 +132,12 @@ class RecordLine(Line):
         description="SGLang's speculative verify steps for this answer; null without "
         "speculative decoding",
     )
+    settings: str | None = Field(
+        default=None,
+        description="the fingerprint of the frozen settings it was made under (`run.json`'s "
+        "`fingerprint`): a run never adopts a record made under other settings; null in "
+        "records written before it existed",
+    )
 
 
 class FailureLine(Line):
@@ -151,6 +158,10 @@ class FailureLine(Line):
     sample: int = Field(description="the sample index")
     attempts: int = Field(description="requests sent for it (0: it never reached a server)")
     time: float = Field(description="unix seconds when it ended")
+    settings: str | None = Field(
+        default=None,
+        description="the fingerprint of the frozen settings it ended under, as in a record",
+    )
 
 
 # --- checks of the servers ----------------------------------------------------------------
@@ -287,7 +298,35 @@ class ShardIndexLine(Line):
         "completion time when the latency is unknown); the run's active time is their union"
     )
     spec_verify_ct: list[int] = Field(description="each record's verify count, 0 where none")
+    settings: dict[str, int] = Field(
+        default={},
+        description='records per settings fingerprint (`""`: records without one)',
+    )
     digest: str = Field(default="", description="blake2b-128 of the object without it")
+
+
+# --- damage moved aside -------------------------------------------------------------------
+
+
+class QuarantineLine(Line):
+    """One line moved out of the run's data by ``eagledata verify --repair`` (or by ``resume``,
+    sealing a journal) because it does not read as what its file holds. Its item, if it had
+    one, is no longer done: ``resume`` generates it again."""
+
+    FILE: ClassVar[str] = "quarantine.jsonl"
+
+    time: float = Field(description="unix seconds when it was moved")
+    source: str = Field(
+        description="the file it was in, relative to the run directory "
+        "(`shards/shard-000003.jsonl`, `pending/...`, `failures.jsonl`)"
+    )
+    line: int = Field(description="its line number in that file (1 for the first)")
+    problem: str = Field(description="why it could not be read, e.g. `not valid JSON`")
+    id: str | None = Field(default=None, description="the item id it named, when one could be read")
+    encoding: Literal["utf-8", "base64"] = Field(
+        description="how `content` holds the line: as text, or base64 when not UTF-8"
+    )
+    content: str = Field(description="the line's bytes, without its newline")
 
 
 LINE_MODELS: tuple[type[Line], ...] = (
@@ -297,6 +336,7 @@ LINE_MODELS: tuple[type[Line], ...] = (
     QualityLine,
     TelemetryLine,
     ShardIndexLine,
+    QuarantineLine,
 )
 
 

@@ -23,6 +23,7 @@ flags, the done ids), ``shard_indexes`` (per-shard ids and totals), ``sealed_sha
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import platform
@@ -34,10 +35,11 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+from pydantic import ValidationError
 
 from eagledata import __version__
 from eagledata.atomic import atomic_write
-from eagledata.config import FrozenSettings
+from eagledata.config import FrozenSettings, format_validation_error
 from eagledata.errors import RunDirError
 from eagledata.rundir.acceptance import Acceptance
 from eagledata.rundir.idset import CompactIdSet
@@ -103,6 +105,8 @@ class RunTotals:
     acceptance: Acceptance = field(default_factory=Acceptance)
     # shard indexes that could not be trusted and were rebuilt from their shard, by reason
     indexes_rebuilt: dict[str, int] = field(default_factory=dict)
+    # records and failure lines per settings fingerprint ("": lines without one)
+    settings: dict[str, int] = field(default_factory=dict)
 
     def rates(self, now: float, window_s: float) -> tuple[Rate, Rate]:
         """The run's output rate and the last ``window_s``'s (rundir/rates.py)."""
@@ -201,6 +205,8 @@ def scan_totals(
         for flag, count in index.flags.items():
             _count(totals.flags, flag, count)
         totals.flagged += index.flagged
+        for fingerprint, count in index.settings.items():
+            _count(totals.settings, fingerprint, count)
         if not index.created_at:
             continue
         first, last = min(index.created_at), max(index.created_at)
@@ -214,8 +220,16 @@ def scan_totals(
             ):
                 totals.acceptance.add(verify_ct, tokens, recent=created >= horizon)
     for path in pending_journals(run_dir):  # the open journal: at most shard_size lines
-        for line in iter_jsonl_lines(path):
-            record = RecordLine.parse(line)
+        for line_no, line in enumerate(iter_jsonl_lines(path), start=1):
+            try:
+                record = RecordLine.parse(line)
+            except LineError as exc:
+                raise RunDirError(
+                    f"{path}:{line_no} is not a record ({exc}); run 'eagledata verify RUN_DIR "
+                    "--repair' to move it aside ('eagledata resume RUN_DIR' then generates its "
+                    "item again)"
+                ) from None
+            _count(totals.settings, record.settings or "")
             totals.done_ids.add(record.id)
             totals.written += 1
             totals.prompt_tokens += record.prompt_tokens
@@ -239,6 +253,7 @@ def scan_totals(
     failures = run_dir / "failures.jsonl"
     if failures.is_file():
         for entry in failure_lines(failures):
+            _count(totals.settings, entry.settings or "")
             totals.done_ids.add(entry.id)
             if entry.status == "skipped":
                 totals.skipped += 1
@@ -256,7 +271,8 @@ def failure_lines(path: Path) -> Iterator[FailureLine]:
         except LineError as exc:
             raise RunDirError(
                 f"{path}:{line_no} is not a failure line ({exc}); run 'eagledata verify "
-                "RUN_DIR' to list the damage"
+                "RUN_DIR --repair' to move it aside ('eagledata resume RUN_DIR' then "
+                "generates its item again)"
             ) from None
 
 
@@ -275,9 +291,12 @@ class RunDir:
         return self.run_json.is_file()
 
     def lock(self) -> None:
+        """Hold the run directory itself (``flock`` on the folder, not on a file in it: a file
+        can be deleted under a running process, and the next one would lock a new one). ``.lock``
+        only says which process holds it."""
         try:
             self.path.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+            fd = os.open(self.path, os.O_DIRECTORY)  # opened read-only
         except OSError as exc:
             raise storage_error("create", self.path, exc) from None
         try:
@@ -287,9 +306,9 @@ class RunDir:
             raise RunDirError(
                 f"another eagledata process is working on {self.path}; wait for it or stop it"
             ) from None
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
         self._lock_fd = fd
+        with contextlib.suppress(OSError):  # a note for people; the lock does not depend on it
+            (self.path / ".lock").write_text(f"{os.getpid()}\n")
 
     def unlock(self) -> None:
         if self._lock_fd is not None:
@@ -315,7 +334,16 @@ class RunDir:
         return dict(manifest)
 
     def frozen(self) -> FrozenSettings:
-        return FrozenSettings.model_validate(self.read()["frozen"])
+        """The run's frozen settings, checked by this release: one it refuses is named."""
+        try:
+            return FrozenSettings.model_validate(self.read().get("frozen"))
+        except ValidationError as exc:
+            problems = format_validation_error(exc, f"{self.run_json}: frozen.")
+            raise RunDirError(
+                f"{problems}; the run was started with a setting this eagledata refuses: "
+                "continue it with the eagledata version that started it, or start a new run "
+                "with --out"
+            ) from None
 
     def create(self, frozen: FrozenSettings, extra: dict[str, Any]) -> None:
         manifest = {
@@ -347,6 +375,29 @@ class RunDir:
             f"{self.path} was started with other settings ({', '.join(keys)}); resume it with "
             "'eagledata resume RUN_DIR' or pass a new --out"
         )
+
+    def check_adopted(self, totals: RunTotals, fingerprint: str, *, vouched: bool) -> None:
+        """Refuse records and failure lines made under other settings than ``fingerprint`` (this
+        run's): a new ``run.json`` must never adopt data made under another one. Lines without a
+        fingerprint (an earlier eagledata wrote them) are taken only where ``vouched``: the
+        ``run.json`` they were written under is still there."""
+        foreign = {key: count for key, count in totals.settings.items() if key != fingerprint}
+        unmarked = foreign.pop("", 0)
+        if foreign:
+            count = sum(foreign.values())
+            made = ", ".join(sorted(foreign))
+            raise RunDirError(
+                f"{self.path} holds {count:,} records or failures made under other settings "
+                f"(fingerprint {made}; this run's is {fingerprint}); they cannot join this run: "
+                "restore the run.json they were made with and 'eagledata resume RUN_DIR', or "
+                "pass a new --out"
+            )
+        if unmarked and not vouched:
+            raise RunDirError(
+                f"{self.path} holds {unmarked:,} records or failures but no run.json saying "
+                "which settings made them; they cannot join a new run: restore its run.json and "
+                "'eagledata resume RUN_DIR', or pass a new --out"
+            )
 
     def planned(self) -> int | None:
         path = self.path / "plan.json"

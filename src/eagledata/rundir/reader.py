@@ -59,7 +59,8 @@ class RunRecords:
                     except LineError as exc:
                         raise RunDirError(
                             f"{path}:{line_no} is not a record ({exc}); run 'eagledata verify "
-                            f"{self.path}' to list the damage"
+                            f"{self.path} --repair' to move it aside ('eagledata resume "
+                            f"{self.path}' then generates its item again)"
                         ) from None
             except FileNotFoundError:
                 # a journal sealed (renamed into shards/) while we listed: read it there

@@ -35,9 +35,10 @@ from eagledata.atomic import atomic_write
 from eagledata.errors import StorageError
 from eagledata.rundir.lines import LineError, ShardIndexLine
 
-INDEX_VERSION = 2
-"""2: ``started_at`` per record (the run's active time, ``rundir/rates.py``); an index of
-version 1 is rebuilt from its shard like any index it cannot trust."""
+INDEX_VERSION = 3
+"""3: ``started_at`` per record (the run's active time, ``rundir/rates.py``) and ``settings``
+(records per settings fingerprint). An older index is rebuilt from its shard like any index it
+cannot trust: in memory by a reader, written back by the next ``resume``."""
 INDEX_SUFFIX = ".idx.json"
 
 # Why an index was not trusted (``IndexRead.rebuilt``).
@@ -72,6 +73,8 @@ class ShardIndex:
     spec_verify_ct: list[int]
     flagged: int = 0  # records carrying at least one flag
     invalid_lines: int = 0  # lines that are not a JSON object with an id: verify reports them
+    # records per settings fingerprint ("" for records without one): a run adopts no other
+    settings: dict[str, int] = field(default_factory=dict)
 
     @property
     def records(self) -> int:
@@ -97,6 +100,7 @@ class ShardIndex:
             created_at=self.created_at,
             started_at=self.started_at,
             spec_verify_ct=self.spec_verify_ct,
+            settings=self.settings,
         )
 
     def to_bytes(self) -> bytes:
@@ -134,6 +138,7 @@ class ShardIndex:
             spec_verify_ct=line.spec_verify_ct,
             flagged=line.flagged,
             invalid_lines=line.invalid_lines,
+            settings=line.settings,
         )
         index.check_consistent(line.records)
         return index
@@ -153,6 +158,7 @@ class ShardIndex:
             and sum(self.finish_reasons.values()) == records
             and self.flagged <= records
             and sum(self.completion_lengths) == self.completion_tokens
+            and sum(self.settings.values()) == records
             and all(isinstance(item_id, str) for item_id in self.ids)
         ):
             raise IndexRejected(FORGED, "its counts disagree with each other")
@@ -201,6 +207,7 @@ class IndexBuilder:
     spec_verify_ct: list[int] = field(default_factory=list)
     flagged: int = 0
     invalid_lines: int = 0
+    settings: dict[str, int] = field(default_factory=dict)
     hasher: Any = field(default_factory=new_checksum)
 
     def add(self, line: bytes, record: object) -> None:
@@ -231,6 +238,9 @@ class IndexBuilder:
             latency = 0.0
         self.created_at.append(round(float(created), 3))
         self.started_at.append(round(float(created) - float(latency), 3))
+        settings = record.get("settings")
+        key = settings if isinstance(settings, str) else ""
+        self.settings[key] = self.settings.get(key, 0) + 1
 
     def add_unparsable(self, line: bytes) -> None:
         self.hasher.update(line)
@@ -253,6 +263,7 @@ class IndexBuilder:
             spec_verify_ct=self.spec_verify_ct,
             flagged=self.flagged,
             invalid_lines=self.invalid_lines,
+            settings=self.settings,
         )
 
 
@@ -352,6 +363,7 @@ INDEXED_FIELDS = (
     "spec_verify_ct",
     "flagged",
     "invalid_lines",
+    "settings",
 )
 
 

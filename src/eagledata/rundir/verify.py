@@ -3,6 +3,11 @@
 It reads committed data only and writes nothing: a shard index it cannot trust is rebuilt in
 memory; the next ``resume`` (which holds the run's lock) writes it back. ``status`` (the run's
 counts and rates) is in ``status``.
+
+``verify --repair`` (``repair_run``) is the way back from damage: under the run's lock it moves
+every line that does not read as what its file holds (``shards/``, ``pending/``,
+``failures.jsonl``) into ``quarantine.jsonl`` (``rundir/quarantine.py``) and rebuilds the shard
+indexes; ``resume`` then generates those items again.
 """
 
 from __future__ import annotations
@@ -16,18 +21,22 @@ import orjson
 
 from eagledata.rundir.idset import CompactIdSet
 from eagledata.rundir.journal import iter_jsonl_lines
-from eagledata.rundir.lines import LineError, RecordLine
+from eagledata.rundir.lines import FailureLine, LineError, RecordLine
 from eagledata.rundir.manifest import RunDir, pending_journals, sealed_shards, shard_indexes
+from eagledata.rundir.quarantine import Quarantine, failure_problem, record_problem
 from eagledata.rundir.shardindex import (
     IndexBuilder,
     IndexRejected,
     ShardIndex,
+    build_index,
     index_differences,
     index_path,
     load_index,
+    write_index,
 )
 
 MAX_LISTED = 50
+REPAIR = "run 'eagledata verify RUN_DIR --repair' to move it aside"
 
 
 @dataclass
@@ -50,13 +59,16 @@ def _check_record(record: object, where: str, report: VerifyReport) -> str | Non
     try:
         line = RecordLine.from_object(record)
     except LineError as exc:
-        report.add(f"{where}: not a record ({exc})")
+        report.add(f"{where}: not a record ({exc}); {REPAIR}")
         return None
     if line.prompt_tokens != len(line.input_ids):
-        report.add(f"{where}: prompt_tokens {line.prompt_tokens} != {len(line.input_ids)} ids")
+        report.add(
+            f"{where}: prompt_tokens {line.prompt_tokens} != {len(line.input_ids)} ids; {REPAIR}"
+        )
     if line.completion_tokens != len(line.output_ids):
         report.add(
-            f"{where}: completion_tokens {line.completion_tokens} != {len(line.output_ids)} ids"
+            f"{where}: completion_tokens {line.completion_tokens} != {len(line.output_ids)} ids; "
+            + REPAIR
         )
     elif (
         line.finish_reason == "stop"
@@ -100,7 +112,7 @@ def _check_lines(
         if path.parent.name == "pending":
             report.notes.append(f"{relative}: {torn}")
         else:
-            report.add(f"{relative}: sealed shard with {torn}")
+            report.add(f"{relative}: sealed shard with a torn last line; {REPAIR}")
         if builder is not None:
             builder.hasher.update(data[data.rfind(b"\n") + 1 :])
         data = data[: data.rfind(b"\n") + 1]
@@ -110,7 +122,7 @@ def _check_lines(
         try:
             record = orjson.loads(line)
         except orjson.JSONDecodeError as exc:
-            report.add(f"{where}: invalid JSON ({exc})")
+            report.add(f"{where}: invalid JSON ({exc}); {REPAIR}")
             if builder is not None:
                 builder.add_unparsable(line)
             continue
@@ -127,7 +139,7 @@ def _check_index(index: ShardIndex, relative: Path, report: VerifyReport, claims
     """A trusted index stands for its shard: its counts, its finish reasons, its ids."""
     report.records += index.records
     if index.invalid_lines:
-        report.add(f"{relative}: {index.invalid_lines} line(s) that are not records")
+        report.add(f"{relative}: {index.invalid_lines} line(s) that are not records; {REPAIR}")
     for reason in sorted(set(index.finish_reasons) - {"stop", "length"}):
         report.add(f"{relative}: finish_reason {reason!r} is not stop or length")
     claims.claim_all(index.ids)
@@ -187,6 +199,8 @@ def verify_run(path: Path, *, full: bool = False) -> VerifyReport:
     report = VerifyReport()
     claims = _Claims()
     rebuilt: dict[str, list[str]] = {}
+    settings: dict[str, dict[str, int]] = {}
+    """Lines per settings fingerprint, per file."""
     for shard in sealed_shards(path):
         relative = shard.relative_to(path)
         trusted: ShardIndex | None = None
@@ -196,6 +210,7 @@ def verify_run(path: Path, *, full: bool = False) -> VerifyReport:
             rebuilt.setdefault(rejected.kind, []).append(shard.name)
         if trusted is not None and not full:
             _check_index(trusted, relative, report, claims)
+            settings[str(relative)] = dict(trusted.settings)
             continue
         try:
             before = shard.stat()
@@ -204,6 +219,7 @@ def verify_run(path: Path, *, full: bool = False) -> VerifyReport:
         except FileNotFoundError:
             continue
         fresh = builder.finish(before.st_size, before.st_mtime_ns)
+        settings[str(relative)] = dict(fresh.settings)
         if trusted is not None and (differences := index_differences(trusted, fresh)):
             # it passed every quick check, so resume and status would trust it: a problem
             report.add(
@@ -218,7 +234,9 @@ def verify_run(path: Path, *, full: bool = False) -> VerifyReport:
             "('eagledata resume' writes them back)"
         )
     for journal in pending_journals(path):
-        _check_lines(journal, journal.relative_to(path), report, claims, None)
+        journal_index = IndexBuilder(journal.name)
+        _check_lines(journal, journal.relative_to(path), report, claims, journal_index)
+        settings[str(journal.relative_to(path))] = journal_index.settings
     failures = path / "failures.jsonl"
 
     def failure_lines() -> Iterator[tuple[int, bytes]]:
@@ -228,19 +246,18 @@ def verify_run(path: Path, *, full: bool = False) -> VerifyReport:
     failure_ids: list[str] = []
     for line_no, line in failure_lines():
         where = f"failures.jsonl:{line_no}"
-        try:
-            entry = orjson.loads(line)
-        except orjson.JSONDecodeError:
-            report.add(f"{where}: invalid JSON")
+        problem = failure_problem(line)
+        if problem is not None:
+            report.add(f"{where}: {problem}; {REPAIR}")
             continue
+        entry = FailureLine.parse(line)
         report.failures += 1
-        if not isinstance(entry, dict) or not isinstance(entry.get("id"), str):
-            report.add(f"{where}: failure entry without an id")
-            continue
-        if not entry.get("reason"):
+        if not entry.reason:
             report.add(f"{where}: failure entry without a reason")
-        failure_ids.append(entry["id"])
+        failure_ids.append(entry.id)
+        _count(settings, "failures.jsonl", entry.settings or "")
     claims.claim_all(failure_ids)
+    _check_settings(settings, run_dir.read().get("fingerprint"), report)
     if claims.has_repeats():
         for problem in _repeats(path)[:MAX_LISTED]:
             report.add(problem)
@@ -255,4 +272,74 @@ def verify_run(path: Path, *, full: bool = False) -> VerifyReport:
     elif not plan_complete:
         report.notes.append("the run has not finished its plan yet; counts are not reconciled")
     del report.problems[MAX_LISTED:]
+    report.problems = [problem.replace("RUN_DIR", str(path)) for problem in report.problems]
     return report
+
+
+def _count(table: dict[str, dict[str, int]], where: str, key: str) -> None:
+    counts = table.setdefault(where, {})
+    counts[key] = counts.get(key, 0) + 1
+
+
+def _check_settings(
+    settings: dict[str, dict[str, int]], fingerprint: object, report: VerifyReport
+) -> None:
+    """Every line made under the run's own settings (``run.json``'s fingerprint); lines
+    without a fingerprint were written by an earlier eagledata, under that same run.json."""
+    for where, counts in settings.items():
+        foreign = {key: n for key, n in counts.items() if key and key != fingerprint}
+        if foreign:
+            report.add(
+                f"{where}: {sum(foreign.values())} line(s) made under other settings "
+                f"(fingerprint {', '.join(sorted(foreign))}), not this run's ({fingerprint}): "
+                "they are another run's data; move them back to the run they came from"
+            )
+
+
+@dataclass
+class RepairReport:
+    moved: dict[str, int]
+    """Lines moved into the quarantine, per file they were in."""
+    quarantine: Path
+
+    @property
+    def total(self) -> int:
+        return sum(self.moved.values())
+
+    def render(self, path: Path) -> str:
+        if not self.total:
+            return f"nothing to repair: every line of {path} reads as what its file holds"
+        files = ", ".join(f"{source} {count}" for source, count in sorted(self.moved.items()))
+        return (
+            f"moved {self.total} unreadable line(s) into {self.quarantine} ({files}) and rebuilt "
+            f"the shard indexes; 'eagledata resume {path}' will generate their items again"
+        )
+
+
+def repair_run(path: Path) -> RepairReport:
+    """Move every line that does not read as what its file holds out of the run's data into
+    ``quarantine.jsonl``, and rebuild the shard indexes. Under the run's lock (no process may
+    write the files being rewritten)."""
+    run_dir = RunDir(path)
+    run_dir.read()
+    run_dir.lock()
+    quarantine = Quarantine(path)
+    try:
+        for shard in sealed_shards(path):
+            if quarantine.move_aside(shard, record_problem, torn_tail=True):
+                if shard.stat().st_size == 0:  # nothing of it was a record
+                    shard.unlink()
+                    index_path(shard).unlink(missing_ok=True)
+                else:
+                    write_index(shard, build_index(shard))
+        for journal in pending_journals(path):  # its torn tail is resume's to cut
+            quarantine.move_aside(journal, record_problem, torn_tail=False)
+        failures = path / "failures.jsonl"
+        if failures.is_file():
+            quarantine.move_aside(failures, failure_problem, torn_tail=False)
+        for _ in shard_indexes(path, persist=True):  # an index not trusted is written again
+            pass
+    finally:
+        quarantine.close()
+        run_dir.unlock()
+    return RepairReport(dict(quarantine.moved), quarantine.path)

@@ -21,7 +21,12 @@ from eagledata.errors import (
     ServerError,
     ServerUnavailableError,
 )
-from eagledata.server.responses import GenerateResult, error_message, parse_generate_item
+from eagledata.server.responses import (
+    GenerateResult,
+    check_token_ids,
+    error_message,
+    parse_generate_item,
+)
 
 
 class ServerDownError(RetryableItemError):
@@ -46,7 +51,15 @@ def auth_error(url: str, status: int, api_key_env: str) -> ServerError:
 
 
 def generate_answer(
-    status: int, content: bytes, input_ids: list[int], rid: str, url: str, api_key_env: str
+    status: int,
+    content: bytes,
+    input_ids: list[int],
+    rid: str,
+    url: str,
+    api_key_env: str,
+    *,
+    max_new_tokens: int | None = None,
+    vocab_size: int | None = None,
 ) -> GenerateResult:
     """A production ``/generate`` answer: a result that keeps the token contract, or an error."""
     if status == 200:
@@ -54,7 +67,9 @@ def generate_answer(
             item = orjson.loads(content)
         except orjson.JSONDecodeError:
             raise ContractViolationError("response body is not JSON") from None
-        return parse_generate_item(item, input_ids, rid, url)
+        return parse_generate_item(
+            item, input_ids, rid, url, max_new_tokens=max_new_tokens, vocab_size=vocab_size
+        )
     message = error_message(content)
     if status in (401, 403):
         raise auth_error(url, status, api_key_env)
@@ -67,9 +82,12 @@ def generate_answer(
     raise RejectedRequestError(f"HTTP {status}: {message}", reason=f"http_{status}")
 
 
-def canary_answer(url: str, status: int, content: bytes, api_key_env: str) -> dict[str, Any]:
+def canary_answer(
+    url: str, status: int, content: bytes, api_key_env: str, vocab_size: int | None = None
+) -> dict[str, Any]:
     """A canary's ``/generate`` answer as parsed JSON (no token contract: the canary checks
-    what it asked for). ``ServerUnavailableError`` on 5xx, ``ServerError`` on a refusal (4xx)."""
+    what it asked for), its ``output_ids`` inside the vocabulary. ``ServerUnavailableError`` on
+    5xx, ``ServerError`` on a refusal (4xx) or an answer that cannot be one."""
     if status in (401, 403):
         raise auth_error(url, status, api_key_env)
     if status >= 500:
@@ -84,6 +102,14 @@ def canary_answer(url: str, status: int, content: bytes, api_key_env: str) -> di
         raise ServerError(f"{url}: /generate answered something that is not JSON") from None
     if not isinstance(answer, dict):
         raise ServerError(f"{url}: /generate answered {type(answer).__name__}, not an object")
+    ids = answer.get("output_ids")
+    if ids is not None:
+        try:
+            if not isinstance(ids, list):
+                raise ContractViolationError("output_ids is not a list")
+            check_token_ids(ids, vocab_size)
+        except ContractViolationError as exc:
+            raise ServerError(f"{url}: a canary answer broke the token contract: {exc}") from None
     return answer
 
 

@@ -4,7 +4,9 @@
   why, and how many), and a request goes to the least loaded.
 * Work goes to the healthy server with the fewest requests in flight from us.
 * Every response is checked against the token contract (``responses``) before it becomes a
-  ``GenerateResult``.
+  ``GenerateResult``; its body is read with a size cap derived from the request
+  (``responses.response_bound``: a larger one is refused unread), and the whole request, not
+  only the gap between two reads, has a deadline (``request_timeout_s``).
 * httpx exceptions are translated here, by type, never by message text, into the error tree;
   status codes and bodies are read by ``answers``: ``RetryableItemError`` (try again),
   ``RejectedRequestError`` (the request itself is bad), ``ServerError`` (the run cannot go on).
@@ -23,7 +25,13 @@ from typing import Any
 import httpx
 import orjson
 
-from eagledata.errors import ItemError, RetryableItemError, ServerError, ServerUnavailableError
+from eagledata.errors import (
+    ContractViolationError,
+    ItemError,
+    RetryableItemError,
+    ServerError,
+    ServerUnavailableError,
+)
 from eagledata.server.answers import (
     ServerDownError,
     auth_error,
@@ -44,6 +52,38 @@ from eagledata.server.pools import Pools
 from eagledata.server.responses import GenerateResult as GenerateResult
 from eagledata.server.responses import new_rid as new_rid
 from eagledata.server.responses import parse_generate_item as parse_generate_item
+from eagledata.server.responses import response_bound
+
+CONTROL_DEADLINE_S = 30.0
+"""A control call's whole life (health, server facts, loads, an abort): connect to last byte."""
+
+
+class ResponseTooLarge(Exception):
+    """A body past its cap: refused before it is read whole."""
+
+
+async def read_capped(
+    pool: httpx.AsyncClient, url: str, body: bytes, bound: int
+) -> tuple[int, bytes]:
+    """POST ``body`` and read the answer's status and at most ``bound`` bytes of its body;
+    ``ResponseTooLarge`` (the connection closed, the rest never read) past that."""
+    async with pool.stream("POST", url, content=body) as response:
+        declared = response.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > bound:
+            raise ResponseTooLarge(f"it declares {int(declared):,} bytes")
+        received = bytearray()
+        async for chunk in response.aiter_bytes():
+            received += chunk
+            if len(received) > bound:
+                raise ResponseTooLarge(f"it passed {bound:,} bytes")
+        return response.status_code, bytes(received)
+
+
+def _too_large(url: str, why: ResponseTooLarge, bound: int) -> str:
+    return (
+        f"{url}: answer refused unread: {why}, more than an answer to this request can hold "
+        f"({bound:,} bytes)"
+    )
 
 
 @dataclass(slots=True)
@@ -73,7 +113,10 @@ class SGLangClient:
         api_key: str | None = None,
         api_key_env: str = "SGLANG_API_KEY",
         health_poll_s: float = 2.0,
+        vocab_size: int | None = None,
     ) -> None:
+        """``vocab_size`` is the tokenizer's: an answer holding an id outside it is a contract
+        violation (None: ids are only checked to be non-negative integers)."""
         if not urls:
             raise ServerError("no server URL given; pass --server URL")
         self.endpoints = [Endpoint(url.rstrip("/")) for url in urls]
@@ -86,6 +129,8 @@ class SGLangClient:
             headers={"Authorization": f"Bearer {api_key}"} if api_key else {},
         )
         self._health_poll_s = health_poll_s
+        self.request_timeout_s = request_timeout_s
+        self.vocab_size = vocab_size
         self._recovering = asyncio.Lock()
         self._missing_load_routes: dict[str, set[str]] = {}
 
@@ -165,17 +210,27 @@ class SGLangClient:
         if dp_rank is not None:
             request["data_parallel_rank"] = dp_rank
         body = orjson.dumps(request)
+        bound = response_bound(request)
+        deadline = self.request_timeout_s
         endpoint.in_flight += 1
         shard.load[pool_index] += 1
         try:
-            response = await shard.pools[pool_index].post(endpoint.url + "/generate", content=body)
+            # the whole request, not only each read: a server trickling a byte at a time
+            # would otherwise hold it for ever
+            async with asyncio.timeout(deadline):
+                status, content = await read_capped(
+                    shard.pools[pool_index], endpoint.url + "/generate", body, bound
+                )
+        except ResponseTooLarge as exc:
+            raise ContractViolationError(_too_large(endpoint.url, exc, bound)) from None
         except httpx.ConnectError as exc:
             endpoint.healthy = False
             raise ServerDownError(f"{endpoint.url}: cannot connect ({exc})") from None
-        except httpx.TimeoutException:
+        except (httpx.TimeoutException, TimeoutError):
             await self.abort(endpoint.url, rid)
             raise RetryableItemError(
-                f"{endpoint.url}: request timed out", reason="timeout"
+                f"{endpoint.url}: request timed out (no whole answer within {deadline:g}s)",
+                reason="timeout",
             ) from None
         except asyncio.CancelledError:
             await self.abort(endpoint.url, rid)
@@ -188,7 +243,14 @@ class SGLangClient:
             endpoint.in_flight -= 1
             shard.load[pool_index] -= 1
         return generate_answer(
-            response.status_code, response.content, input_ids, rid, endpoint.url, self._api_key_env
+            status,
+            content,
+            input_ids,
+            rid,
+            endpoint.url,
+            self._api_key_env,
+            max_new_tokens=sampling_params.get("max_new_tokens"),
+            vocab_size=self.vocab_size,
         )
 
     # --- the canary (quality/canary_scorer.py): raw answers from one named server ----------
@@ -200,29 +262,47 @@ class SGLangClient:
         Raises ``ServerUnavailableError`` when the server cannot be reached or answers 5xx,
         ``ServerError`` when it refuses the request (4xx).
         """
+        bound = response_bound(body)
         try:
-            response = await self._pools.canary.post(url + "/generate", content=orjson.dumps(body))
+            async with asyncio.timeout(self.request_timeout_s):
+                status, content = await read_capped(
+                    self._pools.canary, url + "/generate", orjson.dumps(body), bound
+                )
+        except ResponseTooLarge as exc:
+            raise ServerError(_too_large(url, exc, bound)) from None
+        except TimeoutError:
+            raise ServerUnavailableError(
+                f"{url}: /generate gave no whole answer within {self.request_timeout_s:g}s"
+            ) from None
         except httpx.HTTPError as exc:
             raise ServerUnavailableError(f"{url}: /generate failed ({exc!r})") from None
-        return canary_answer(url, response.status_code, response.content, self._api_key_env)
+        return canary_answer(url, status, content, self._api_key_env, self.vocab_size)
 
     # --- control calls ---------------------------------------------------------------------
 
     async def abort(self, url: str, rid: str) -> None:
         """Ask the server to stop a generation we gave up on, so it stops holding KV cache."""
         # Best effort: the server also aborts a request whose client disconnected.
-        with contextlib.suppress(httpx.HTTPError, asyncio.CancelledError, RuntimeError):
-            await asyncio.shield(
-                self._pools.control.post(url + "/abort_request", json={"rid": rid}, timeout=5.0)
-            )
+        with contextlib.suppress(
+            httpx.HTTPError, asyncio.CancelledError, RuntimeError, TimeoutError
+        ):
+            async with asyncio.timeout(5.0):
+                await asyncio.shield(
+                    self._pools.control.post(url + "/abort_request", json={"rid": rid}, timeout=5.0)
+                )
 
     async def _control_get(self, url: str) -> httpx.Response:
-        """GET on the control pool (30 s timeout), tried once more if a pooled keep-alive
-        connection was closed under us: that is not a dead server, and must not mark one down."""
+        """GET on the control pool (``CONTROL_DEADLINE_S`` for the whole call), tried once more
+        if a pooled keep-alive connection was closed under us: that is not a dead server, and
+        must not mark one down."""
         try:
-            return await self._pools.control.get(url)
-        except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError):
-            return await self._pools.control.get(url)
+            async with asyncio.timeout(CONTROL_DEADLINE_S):
+                try:
+                    return await self._pools.control.get(url)
+                except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError):
+                    return await self._pools.control.get(url)
+        except TimeoutError:
+            raise httpx.ReadTimeout(f"no whole answer within {CONTROL_DEADLINE_S:g}s") from None
 
     async def health(self, url: str) -> bool:
         try:

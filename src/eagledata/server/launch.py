@@ -32,6 +32,7 @@ from eagledata.errors import (
 )
 from eagledata.profiles.kv import KVModel
 from eagledata.profiles.profile import BF16_KV_DTYPES, Profile
+from eagledata.server.answers import auth_error
 from eagledata.server.serverfacts import GuardVerdict, ServerFacts, evaluate_kv_guard
 
 DEFAULT_SCRIPT = Path("scripts/launch_sglang.sh")
@@ -185,8 +186,11 @@ def probe_health(client: httpx.Client, base_url: str) -> tuple[bool, str]:
     return False, f"HTTP {response.status_code}"
 
 
-def fetch_server_info(client: httpx.Client, base_url: str) -> object:
-    """The JSON body of ``/server_info`` (falls back to ``/get_server_info`` on a 404)."""
+def fetch_server_info(
+    client: httpx.Client, base_url: str, api_key_env: str = "SGLANG_API_KEY"
+) -> object:
+    """The JSON body of ``/server_info`` (falls back to ``/get_server_info`` on a 404). A
+    refused key (401/403) is said as such, naming ``api_key_env``."""
     last = ""
     for route in ("/server_info", "/get_server_info"):
         try:
@@ -204,6 +208,8 @@ def fetch_server_info(client: httpx.Client, base_url: str) -> object:
         if response.status_code == 404:
             last = f"{route}: HTTP 404"
             continue
+        if response.status_code in (401, 403):
+            raise auth_error(base_url, response.status_code, api_key_env)
         if response.status_code != 200:
             raise ServerRefusedError(f"{base_url}{route}: HTTP {response.status_code}")
         try:
@@ -259,9 +265,10 @@ def check_running_server(
     expected_model: str | None,
     bf16_bytes_per_token: int | None,
     expected_version: str | None = None,
+    api_key_env: str = "SGLANG_API_KEY",
 ) -> tuple[ServerFacts, GuardVerdict]:
     """Fetch ``/server_info`` and judge it (what ``check-server`` needs)."""
-    facts = ServerFacts.from_server_info(fetch_server_info(client, base_url))
+    facts = ServerFacts.from_server_info(fetch_server_info(client, base_url, api_key_env))
     verdict = evaluate_kv_guard(
         facts, expected_model=expected_model, bf16_bytes_per_token=bf16_bytes_per_token
     )

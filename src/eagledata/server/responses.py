@@ -70,8 +70,94 @@ def error_message(content: bytes) -> str:
     return str(body)[:300]
 
 
-def parse_generate_item(item: Any, input_ids: list[int], rid: str, server: str) -> GenerateResult:
-    """Check one ``/generate`` item against the token contract (invariant 1)."""
+RESPONSE_OVERHEAD_BYTES = 1 << 20
+"""What a ``/generate`` answer may hold besides its tokens: ``meta_info`` and the keys around."""
+RESPONSE_BYTES_PER_TOKEN = 2048
+"""Per token the answer may hold: its id, and its text (a vocabulary token decodes to at most
+``TEXT_CHARS_PER_TOKEN`` characters, each at most 6 bytes JSON-escaped), with room to spare."""
+TEXT_CHARS_PER_TOKEN = 256
+LOGPROB_BYTES = 64
+"""One ``[logprob, id, text]`` entry of a logprob list (``text`` null unless asked for)."""
+
+
+def response_bound(request: dict[str, Any]) -> int:
+    """The most bytes an honest answer to ``request`` can take: anything larger is refused
+    unread (a server answering 50 MB to a request for 32 tokens is not to be believed, nor
+    held in memory).
+
+    Derived from what was asked: the tokens it may generate (``max_new_tokens``, plus the stop
+    token) and, when logprobs are asked for, an entry per position and per top logprob.
+    """
+    params = request.get("sampling_params")
+    asked = params.get("max_new_tokens") if isinstance(params, dict) else None
+    prompt = request.get("input_ids")
+    prompt_len = len(prompt) if isinstance(prompt, list) else 0
+    new_tokens = (asked if type(asked) is int and asked >= 0 else prompt_len) + 1
+    bound = RESPONSE_OVERHEAD_BYTES + new_tokens * RESPONSE_BYTES_PER_TOKEN
+    if request.get("return_logprob"):
+        start = request.get("logprob_start_len")
+        scored = prompt_len - start if type(start) is int and 0 <= start < prompt_len else 0
+        top = request.get("top_logprobs_num")
+        width = 1 + (top if type(top) is int and top > 0 else 0)
+        # token logprobs and top logprobs, for the input positions scored and each new token
+        bound += (scored + new_tokens) * 2 * width * LOGPROB_BYTES
+    return bound
+
+
+def check_token_ids(ids: list[Any], vocab_size: int | None, what: str = "output_ids") -> None:
+    """Every id an int inside the tokenizer's vocabulary ``[0, vocab_size)``: nothing
+    downstream (the quality flags decode them, the trainer embeds them) can take another."""
+    # the common case at C speed (an answer may hold thousands of ids); the first offender
+    # is looked for only when there is one
+    if not ids or (
+        set(map(type, ids)) == {int}
+        and min(ids) >= 0
+        and (vocab_size is None or max(ids) < vocab_size)
+    ):
+        return
+    for position, token in enumerate(ids):
+        if type(token) is not int:
+            raise ContractViolationError(
+                f"{what}[{position}] is {_shown(token)}, not an integer token id"
+            )
+        if token < 0 or (vocab_size is not None and token >= vocab_size):
+            bound = f"[0, {vocab_size})" if vocab_size is not None else "[0, ...)"
+            raise ContractViolationError(
+                f"{what}[{position}] is {token}, outside the tokenizer's vocabulary {bound}"
+            )
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _count(meta: dict[str, Any], key: str) -> int:
+    value = meta.get(key)
+    if type(value) is not int:
+        raise ContractViolationError(f"meta_info.{key} is {_shown(value)}, not an integer")
+    return value
+
+
+def _optional(value: Any, kind: type) -> Any:
+    """A provenance field of the expected JSON type, or None: it is kept, never trusted."""
+    return value if type(value) is kind else None
+
+
+def parse_generate_item(
+    item: Any,
+    input_ids: list[int],
+    rid: str,
+    server: str,
+    *,
+    max_new_tokens: int | None = None,
+    vocab_size: int | None = None,
+) -> GenerateResult:
+    """Check one ``/generate`` item against the token contract (invariant 1) before anything
+    reads it: the counts, every id inside the vocabulary (``vocab_size``, the tokenizer's), no
+    more ids than asked for (``max_new_tokens``, the stop token aside), the text's length in
+    proportion, and every field of the type the record keeps. A breach is
+    ``ContractViolationError``: an item failure, never a record."""
     if not isinstance(item, dict):
         raise ContractViolationError(f"response is {type(item).__name__}, not an object")
     meta = item.get("meta_info")
@@ -89,8 +175,8 @@ def parse_generate_item(item: Any, input_ids: list[int], rid: str, server: str) 
         finish_reason = "length"
     else:
         raise ContractViolationError(f"unknown finish_reason {finish!r}")
-    prompt_tokens = meta.get("prompt_tokens")
-    completion_tokens = meta.get("completion_tokens")
+    prompt_tokens = _count(meta, "prompt_tokens")
+    completion_tokens = _count(meta, "completion_tokens")
     if prompt_tokens != len(input_ids):
         raise ContractViolationError(
             f"server counted {prompt_tokens} prompt tokens, {len(input_ids)} were sent"
@@ -99,23 +185,40 @@ def parse_generate_item(item: Any, input_ids: list[int], rid: str, server: str) 
         raise ContractViolationError(
             f"server counted {completion_tokens} completion tokens, returned {len(output_ids)} ids"
         )
-    if not all(type(token) is int for token in output_ids):
-        raise ContractViolationError("output_ids holds a non-integer")
+    if max_new_tokens is not None and completion_tokens > max_new_tokens + 1:
+        raise ContractViolationError(
+            f"server returned {completion_tokens} ids, {max_new_tokens} were asked for "
+            "(max_new_tokens)"
+        )
+    check_token_ids(output_ids, vocab_size)
     text = item.get("text")
-    cached = meta.get("cached_tokens")
+    if not isinstance(text, str):
+        text = ""
+    if len(text) > TEXT_CHARS_PER_TOKEN * (len(output_ids) + 1):
+        raise ContractViolationError(
+            f"text holds {len(text):,} characters for {len(output_ids)} ids: more than any "
+            "tokens decode to"
+        )
+    matched = finish.get("matched") if kind == "stop" and isinstance(finish, dict) else None
+    if type(matched) is int:
+        check_token_ids([matched], vocab_size, "finish_reason.matched")
+    elif not isinstance(matched, str):
+        matched = None
     latency = meta.get("e2e_latency")
     return GenerateResult(
         rid=rid,
         server=server,
         output_ids=output_ids,
-        text=text if isinstance(text, str) else "",
+        text=text,
         finish_reason=finish_reason,
-        matched=finish.get("matched") if kind == "stop" and isinstance(finish, dict) else None,
+        matched=matched,
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,
-        cached_tokens=cached if isinstance(cached, int) else None,
-        e2e_latency=float(latency) if isinstance(latency, (int, float)) else None,
-        weight_version=meta.get("weight_version"),
+        cached_tokens=_optional(meta.get("cached_tokens"), int),
+        e2e_latency=float(latency)
+        if isinstance(latency, int | float) and type(latency) is not bool
+        else None,
+        weight_version=_optional(meta.get("weight_version"), str),
         spec_verify_ct=_spec_verify_ct(meta),
         retractions=_retractions(meta),
     )
@@ -132,6 +235,6 @@ def _spec_verify_ct(meta: dict[str, Any]) -> int | None:
 def _retractions(meta: dict[str, Any]) -> int:
     for key in ("total_retractions", "num_retractions"):
         value = meta.get(key)
-        if isinstance(value, int) and not isinstance(value, bool):
+        if type(value) is int and value >= 0:
             return value
     return 0

@@ -73,6 +73,12 @@ class PromptTokenizer:
         """The ``transformers`` tokenizer itself, for readers of a run (export decodes with it)."""
         return self._tokenizer
 
+    @property
+    def vocab_size(self) -> int:
+        """Ids a model with this tokenizer can produce: ``[0, vocab_size)``, added tokens
+        included. An answer holding any other id breaks the token contract."""
+        return len(self._tokenizer)
+
     def encode(self, messages: list[Message]) -> list[int]:
         kwargs: dict[str, Any] = dict(self.settings.chat_template_kwargs)
         try:

@@ -1,0 +1,40 @@
+"""The typer app: every command registered, in the order ``--help`` lists them.
+
+The commands live by what they act on (``data_commands``: work sent to a server;
+``run_dir_commands``: run directories read; ``server_commands``: servers checked, launched,
+planned or simulated); ``shell`` holds what they share. ``eagledata.cli.main`` starts it.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from eagledata.cli.data_commands import canary, generate, resume
+from eagledata.cli.run_dir_commands import export, report, status, verify
+from eagledata.cli.server_commands import check_server, launch_server, plan, sim_server
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    # Plain click help: rich's boxed tables squeeze option names and their text into slivers
+    # at 80 columns ("--draft-vocab-s…") and print "<bool>" for flags.
+    rich_markup_mode=None,
+    pretty_exceptions_enable=False,
+    help="Token-faithful EAGLE-3 drafter data from an SGLang server, bf16 KV cache enforced.",
+)
+
+app.command()(generate)
+app.command()(resume)
+app.command()(status)
+app.command()(canary)
+app.command()(verify)
+app.command()(report)
+app.command("check-server")(check_server)
+# extra arguments after -- pass through to SGLang
+app.command(
+    "launch-server",
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+)(launch_server)
+app.command()(plan)
+app.command("sim-server")(sim_server)
+app.command()(export)
