@@ -191,11 +191,13 @@ def test_an_unknown_flag_is_refused(flagged_run: Path, tmp_path: Path) -> None:
 def test_hf_round_trips_the_ids_export_with_typed_features(
     real_runs: list[Path], tmp_path: Path
 ) -> None:
-    from datasets import load_from_disk
+    from datasets import load_dataset
 
     export(real_runs, tmp_path / "train.jsonl")
-    export(real_runs, tmp_path / "train-hf", format="hf")
-    dataset = load_from_disk(str(tmp_path / "train-hf"))
+    report = export(real_runs, tmp_path / "train-hf", format="hf")
+    # the Hub's layout: what load_dataset, and so speculators' --data hf:PATH, reads (the real
+    # prepare-data on it: tests/test_export_consumers.py)
+    dataset = load_dataset(str(tmp_path / "train-hf"), split="train")
     assert dataset.features["input_ids"].feature.dtype == "int32"
     assert dataset.features["loss_mask"].feature.dtype == "int8"
     assert dataset.features["seq_len"].dtype == "int32"
@@ -206,10 +208,13 @@ def test_hf_round_trips_the_ids_export_with_typed_features(
         assert row.pop("seq_len") == len(want["input_ids"])
         assert row == want
     # the report sits beside the dataset folder, never inside it
-    assert sorted(p.name for p in (tmp_path / "train-hf").iterdir()) == [
-        "data-00000-of-00001.arrow",
-        "dataset_info.json",
-        "state.json",
+    assert sorted(str(p.relative_to(tmp_path)) for p in (tmp_path / "train-hf").rglob("*")) == [
+        "train-hf/data",
+        "train-hf/data/train-00000-of-00001.parquet",
+    ]
+    assert report.hand_off() == [
+        f"speculators: prepare-data --data hf:{tmp_path / 'train-hf'} --seq-length "
+        f"{report.length_stats()['max']}"
     ]
     assert (tmp_path / "train-hf.export.json").is_file()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
