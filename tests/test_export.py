@@ -218,6 +218,13 @@ def test_hf_round_trips_the_ids_export_with_typed_features(
     ]
     assert (tmp_path / "train-hf.export.json").is_file()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+    assert report.warnings == []
+    # speculators cannot name a folder whose path holds a colon: the report says so
+    colon = export(real_runs, tmp_path / "a:b", format="hf")
+    assert colon.warnings == [
+        f"{tmp_path / 'a:b'} holds a ':', and speculators splits --data hf:PATH at colons: "
+        "move the folder, or link it, to a path without one"
+    ]
 
 
 # --- the mask check -------------------------------------------------------------------------

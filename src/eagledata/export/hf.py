@@ -26,6 +26,7 @@ from eagledata.atomic import fsync_dir
 from eagledata.errors import EagledataError
 from eagledata.export.format import ExportFormat, RowIdentity
 from eagledata.export.ids import IdsRows, ids_row
+from eagledata.export.report import ExportReport
 from eagledata.rundir.lines import RecordLine
 
 # Rows per Arrow record batch: a row of ~5k tokens costs ~200 kB as Python objects, so 64 rows
@@ -109,10 +110,17 @@ def _sync(parquet: Path) -> None:
 
 
 class HfRows(IdsRows):
-    """The ``ids`` rows, with ``seq_len``: exact, nothing to note."""
+    """The ``ids`` rows, with ``seq_len``: exact; only a path speculators cannot name is noted."""
 
     def row(self, record: RecordLine, who: RowIdentity) -> dict[str, Any] | str:
         return hf_row(ids_row(record, who))
+
+    def note(self, report: ExportReport) -> None:
+        if ":" in report.output:
+            report.warnings.append(
+                f"{report.output} holds a ':', and speculators splits --data hf:PATH at colons: "
+                "move the folder, or link it, to a path without one"
+            )
 
 
 FORMAT = ExportFormat(
