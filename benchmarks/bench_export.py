@@ -62,6 +62,7 @@ def build_run(path: Path, records: int, seed: int = 0) -> None:
         TokenizerSettings,
     )
     from eagledata.run.writer import ShardWriter
+    from eagledata.rundir.lines import RecordLine
     from eagledata.rundir.manifest import RunDir
 
     rng = random.Random(seed)
@@ -85,21 +86,21 @@ def build_run(path: Path, records: int, seed: int = 0) -> None:
         prompt = [rng.randrange(VOCAB) for _ in range(PROMPT_TOKENS + rng.randrange(-200, 200))]
         output = [rng.randrange(VOCAB) for _ in range(OUTPUT_TOKENS + rng.randrange(-500, 500))]
         writer.write(
-            {
-                "id": f"bench/{index}/0",
-                "dataset": "bench",
-                "row_id": str(index),
-                "sample": 0,
-                "finish_reason": "stop",
-                "prompt_tokens": len(prompt),
-                "completion_tokens": len(output),
-                "created_at": 0.0,
-                "messages": [{"role": "user", "content": "x" * 2000}],
-                "input_ids": prompt,
-                "output_ids": output,
-                "text": "y" * 20_000,
-                "flags": [],
-            }
+            RecordLine(
+                id=f"bench/{index}/0",
+                dataset="bench",
+                row_id=str(index),
+                sample=0,
+                finish_reason="stop",
+                prompt_tokens=len(prompt),
+                completion_tokens=len(output),
+                created_at=0.0,
+                messages=[{"role": "user", "content": "x" * 2000}],
+                input_ids=prompt,
+                output_ids=output,
+                text="y" * 20_000,
+                flags=[],
+            )
         )
     writer.close()
     run.set_planned(records)

@@ -191,11 +191,13 @@ def test_an_unknown_flag_is_refused(flagged_run: Path, tmp_path: Path) -> None:
 def test_hf_round_trips_the_ids_export_with_typed_features(
     real_runs: list[Path], tmp_path: Path
 ) -> None:
-    from datasets import load_from_disk
+    from datasets import load_dataset
 
     export(real_runs, tmp_path / "train.jsonl")
-    export(real_runs, tmp_path / "train-hf", format="hf")
-    dataset = load_from_disk(str(tmp_path / "train-hf"))
+    report = export(real_runs, tmp_path / "train-hf", format="hf")
+    # the Hub's layout: what load_dataset, and so speculators' --data hf:PATH, reads (the real
+    # prepare-data on it: tests/test_export_consumers.py)
+    dataset = load_dataset(str(tmp_path / "train-hf"), split="train")
     assert dataset.features["input_ids"].feature.dtype == "int32"
     assert dataset.features["loss_mask"].feature.dtype == "int8"
     assert dataset.features["seq_len"].dtype == "int32"
@@ -206,13 +208,133 @@ def test_hf_round_trips_the_ids_export_with_typed_features(
         assert row.pop("seq_len") == len(want["input_ids"])
         assert row == want
     # the report sits beside the dataset folder, never inside it
-    assert sorted(p.name for p in (tmp_path / "train-hf").iterdir()) == [
-        "data-00000-of-00001.arrow",
-        "dataset_info.json",
-        "state.json",
+    assert sorted(str(p.relative_to(tmp_path)) for p in (tmp_path / "train-hf").rglob("*")) == [
+        "train-hf/data",
+        "train-hf/data/train-00000-of-00001.parquet",
+    ]
+    assert report.hand_off() == [
+        f"speculators: prepare-data --data hf:{tmp_path / 'train-hf'} --seq-length "
+        f"{report.length_stats()['max']}"
     ]
     assert (tmp_path / "train-hf.export.json").is_file()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+    assert report.warnings == []
+    # speculators cannot name a folder whose path holds a colon: the report says so
+    colon = export(real_runs, tmp_path / "a:b", format="hf")
+    assert colon.warnings == [
+        f"{tmp_path / 'a:b'} holds a ':', and speculators splits --data hf:PATH at colons: "
+        "move the folder, or link it, to a path without one"
+    ]
+
+
+# --- the mask check -------------------------------------------------------------------------
+
+# The mistakes speculators' prepare-data passes silently (a length mismatch is the one it refuses).
+PROMPT, GENERATED = [1, 10, 11], [20, 21, IM_END]
+GOOD = [0, 0, 0, 1, 1, 1]
+WRONG_MASKS = {
+    "shifted right": ([0, 0, 0, 0, 1, 1], "loss_mask[3] is 0 over a generated token; it must be 1"),
+    "shifted left": ([0, 0, 1, 1, 1, 0], "loss_mask[2] is 1 over a prompt token; it must be 0"),
+    "inverted": ([1, 1, 1, 0, 0, 0], "loss_mask[0] is 1 over a prompt token; it must be 0"),
+    "all ones": ([1] * 6, "loss_mask[0] is 1 over a prompt token; it must be 0"),
+    "no supervised token": ([0] * 6, "loss_mask[3] is 0 over a generated token; it must be 1"),
+    "twos": ([0, 0, 0, 2, 2, 2], "loss_mask[3] is 2 over a generated token; it must be 1"),
+    "labels-style -100": ([-100] * 3 + [1] * 3, "loss_mask[0] is -100 over a prompt token"),
+    "halves": ([0, 0, 0, 0.5, 0.5, 0.5], "loss_mask[3] is 0.5, not the integer 0 or 1"),
+    "floats": ([0.0, 0.0, 0.0, 1.0, 1.0, 1.0], "loss_mask[0] is 0.0, not the integer 0 or 1"),
+    "bools": ([False] * 3 + [True] * 3, "loss_mask[0] is False, not the integer 0 or 1"),
+    "one short": (GOOD[:-1], "loss_mask has 5 values for 6 input_ids"),
+    "one long": ([*GOOD, 1], "loss_mask has 7 values for 6 input_ids"),
+}
+
+
+@pytest.mark.parametrize("kind", list(WRONG_MASKS))
+def test_the_mask_check_names_the_first_wrong_value(kind: str) -> None:
+    from eagledata.export.maskcheck import mask_problem
+
+    mask, problem = WRONG_MASKS[kind]
+    row = {"input_ids": PROMPT + GENERATED, "loss_mask": mask}
+    found = mask_problem(row, PROMPT, GENERATED)
+    assert found is not None and found.startswith(problem), found
+    assert mask_problem({**row, "loss_mask": list(GOOD)}, PROMPT, GENERATED) is None
+
+
+def test_the_mask_check_holds_the_ids_to_the_spans_too() -> None:
+    from eagledata.export.maskcheck import mask_problem
+
+    def problem(ids: Any) -> str | None:
+        return mask_problem({"input_ids": ids, "loss_mask": GOOD}, PROMPT, GENERATED)
+
+    assert problem(PROMPT + GENERATED) is None
+    # the boundary moved, a token changed, the answer first: the mask no longer marks the answer
+    moved = [*PROMPT[:-1], GENERATED[0], PROMPT[-1], *GENERATED[1:]]
+    for ids in (moved, [*PROMPT, 99, 21, IM_END], GENERATED + PROMPT):
+        assert (
+            problem(ids)
+            == "input_ids (6 ids) are not the 3 prompt ids followed by the 3 generated ones"
+        )
+    assert (
+        mask_problem({"loss_mask": GOOD}, PROMPT, GENERATED)
+        == "input_ids is missing beside loss_mask"
+    )
+    assert mask_problem({"input_ids": PROMPT + GENERATED, "loss_mask": tuple(GOOD)}, PROMPT,
+                        GENERATED) == "loss_mask is a tuple, not a list"  # fmt: skip
+
+
+def faulty(base: str, spoil: Any, victim: str) -> Any:
+    """A format like ``base`` whose row maker spoils the mask of one row (``victim``'s)."""
+    import dataclasses
+
+    from eagledata.export.formats import FORMATS
+
+    chosen = FORMATS[base]
+
+    class Spoiled:
+        def __init__(self, tokenizer: Any, template_kwargs: dict[str, Any]) -> None:
+            self.inner = chosen.rows(tokenizer, template_kwargs)
+
+        def row(self, record: Any, who: Any) -> dict[str, Any] | str:
+            row = self.inner.row(record, who)
+            if isinstance(row, dict) and who.id.endswith(victim):
+                row = {**row, "loss_mask": spoil(row["loss_mask"])}
+            return row
+
+        def note(self, report: Any) -> None:
+            self.inner.note(report)
+
+    return dataclasses.replace(chosen, name=f"faulty-{base}", rows=Spoiled)
+
+
+def files_under(folder: Path) -> list[tuple[Path, bytes]]:
+    return sorted((p.relative_to(folder), p.read_bytes()) for p in folder.rglob("*") if p.is_file())
+
+
+@pytest.mark.parametrize("base", ["ids", "hf"])
+def test_a_wrong_mask_stops_the_export_and_nothing_is_renamed_in(
+    flagged_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, base: str
+) -> None:
+    """On the write path, for every writer: a faulty row maker is caught before the rename."""
+    from eagledata.export.formats import FORMATS
+
+    out = tmp_path / ("t.jsonl" if base == "ids" else "t-hf")
+    export([flagged_run], out, format=base)
+    before = files_under(tmp_path)
+    spoils = {"shift": lambda m: [0, *m[:-1]], "twos": lambda m: [2 * v for v in m],
+              "halves": lambda m: [v / 2 for v in m]}  # fmt: skip
+    for name, spoil in spoils.items():
+        fmt = faulty(base, spoil, "cut/0")
+        monkeypatch.setitem(FORMATS, fmt.name, fmt)
+        with pytest.raises(ExportError) as caught:
+            export([flagged_run], out, format=fmt.name, force=True)
+        message = str(caught.value)
+        assert message.startswith(f"--format faulty-{base}: row hand/cut/0: loss_mask["), name
+        assert message.endswith("the export stopped and wrote nothing (a bug in this format's "
+                                "rows: please report it)")  # fmt: skip
+        # the previous export and its report untouched, no temporary file or cache left
+        assert files_under(tmp_path) == before, name
+        assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+    # the real formats pass the same records through the same check
+    assert export([flagged_run], out, format=base, force=True).exported == 4
 
 
 # --- conversations ----------------------------------------------------------------------------

@@ -1,19 +1,20 @@
-"""The ``ids`` export read by its consumers' own code (issue 8).
+"""The export read by the trainers' own tools, for real (issues 8 and 28).
 
-SpecForge 0.2.0's ``prepare_prompt_tasks`` (what ``data.prompts_path`` feeds to training) runs on
-the export in a subprocess, from the PyPI wheel installed with ``--no-deps`` into a cache directory
-(its pre-tokenized path needs only the standard library; the wheel pins torch, transformers and
-sglang, which that path never imports). The test installs it the first time and skips, saying why,
-only when the package registry cannot be reached. speculators' contract is checked on the same
-file always, and its own builder where speculators and torch import.
+speculators 0.9.0's ``prepare-data`` CLI and SpecForge 0.2.0's data code run on the CPU, offline,
+in a venv of their own (``tests/trainerkit.py`` builds it once per machine from
+``tests/trainers-requirements.txt``; it skips, saying so, only when the package registry cannot
+be reached). Each route the README and the export's own hints name is run as printed, and what
+the tool made of the rows is compared, row for row and order-free, with the run's records: the
+ids P + O and the exact mask [0]*|P| + [1]*|O|, cut where the tool cuts.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import shutil
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -22,81 +23,32 @@ from typing import Any
 import pytest
 
 from conftest import SAMPLES, make_config, sim_config
-from eagledata.export import ExportOptions, export_runs
+from eagledata.export import ExportOptions, ExportReport, export_runs
 from eagledata.run import pipeline
 from eagledata.simserver import SimServerThread
 from exportkit import make_run, read_jsonl, record
-
-SPECFORGE = "specforge==0.2.0"
-CACHE = Path(os.environ.get("EAGLEDATA_TEST_CACHE", Path.home() / ".cache" / "eagledata-tests"))
-UNREACHABLE = (
-    "NewConnectionError",
-    "Max retries exceeded",
-    "Temporary failure in name resolution",
-    "Name or service not known",
-    "Network is unreachable",
-    "ConnectTimeout",
-    "ReadTimeout",
-    "ProxyError",
-    "Connection refused",
+from trainerkit import (
+    expected_rows,
+    prepared_rows,
+    python_json,
+    run,
+    torch_overlay,
+    trainers_venv,
 )
 
-
-def install_no_deps(requirement: str) -> Path:
-    """``pip install --no-deps --target`` into the cache once; later runs reuse it."""
-    target = CACHE / requirement.replace("==", "-")
-    if (target / ".complete").is_file():
-        return target
-    CACHE.mkdir(parents=True, exist_ok=True)
-    staging = CACHE / f".{target.name}.{os.getpid()}"
-    shutil.rmtree(staging, ignore_errors=True)
-    result = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--no-deps", "--no-compile", "--quiet",
-         "--target", str(staging), requirement],
-        capture_output=True, text=True, timeout=600, check=False,
-    )  # fmt: skip
-    if result.returncode != 0:
-        shutil.rmtree(staging, ignore_errors=True)
-        output = result.stdout + result.stderr
-        if any(marker in output for marker in UNREACHABLE):
-            pytest.skip(f"cannot reach the package registry to install {requirement}")
-        pytest.fail(f"pip install --no-deps {requirement} failed:\n{output}")
-    (staging / ".complete").write_text(requirement)
-    try:
-        staging.rename(target)
-    except OSError:  # another test process installed it first
-        shutil.rmtree(staging, ignore_errors=True)
-    return target
+# The first test to need the venv builds it (a minute or two, once per machine: README).
+pytestmark = pytest.mark.timeout(1800)
 
 
-SPECFORGE_READER = textwrap.dedent(
-    """
-    import json, sys
-    import specforge
-    from specforge.data.prompt_builder import prepare_prompt_tasks
-
-    tasks = prepare_prompt_tasks(
-        sys.argv[1], None, chat_template=None, max_length=int(sys.argv[2]),
-        is_preformatted=False, train_only_last_turn=False, cache_dir=None, cache_key=None,
-        num_proc=1,
-    )
-    json.dump({"module": specforge.__file__, "payloads": [t["payload"] for t in tasks]},
-              sys.stdout)
-    """
-)
-
-
-def specforge_reads(site: Path, path: Path, max_length: int) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(site)}
-    return subprocess.run(
-        [sys.executable, "-c", SPECFORGE_READER, str(path), str(max_length)],
-        capture_output=True, text=True, timeout=120, check=False, env=env,
-    )  # fmt: skip
+@pytest.fixture(scope="module")
+def trainers() -> Path:
+    return trainers_venv()
 
 
 @pytest.fixture(scope="module")
 def exported(tokenizer_dir: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """A real run (simulated server), plus hand-made rows with thinking, exported as ``ids``."""
+    """A real run (simulated server) and hand-made rows with thinking, exported as ``ids`` (with
+    ``--token-counts``) and as ``hf``."""
     base = tmp_path_factory.mktemp("consumers")
     with SimServerThread(sim_config(tokenizer_dir)) as server:
         config = make_config([server.url], base / "sim-run")
@@ -109,29 +61,55 @@ def exported(tokenizer_dir: str, tmp_path_factory: pytest.TempPathFactory) -> di
         ],
         planned=2,
     )
+    runs = [base / "sim-run", hand]
     out = base / "train.jsonl"
-    report = export_runs([base / "sim-run", hand], out, ExportOptions())
+    report = export_runs(runs, out, ExportOptions(token_counts=True))
+    hf_report = export_runs(runs, base / "train-hf", ExportOptions(format="hf"))
     records = {}
-    for run in (base / "sim-run", hand):
-        for shard in sorted((run / "shards").glob("shard-*.jsonl")):
+    for run_dir in runs:
+        for shard in sorted((run_dir / "shards").glob("shard-*.jsonl")):
             for item in read_jsonl(shard):
-                records[f"{run.name}/{item['id']}"] = item
-    return {"path": out, "report": report, "records": records, "rows": read_jsonl(out)}
+                records[f"{run_dir.name}/{item['id']}"] = item
+    assert report.exported == hf_report.exported == len(records)
+    return {
+        "base": base,
+        "runs": runs,
+        "path": out,
+        "report": report,
+        "hf_report": hf_report,
+        "records": records,
+        "rows": read_jsonl(out),
+    }
+
+
+# --- SpecForge --------------------------------------------------------------------------------
+
+SPECFORGE_READER = textwrap.dedent(
+    """
+    import json, sys
+    import specforge
+    from specforge.data.prompt_builder import prepare_prompt_tasks
+
+    tasks = prepare_prompt_tasks(
+        sys.argv[1], None, chat_template=None, max_length=int(sys.argv[2]),
+        is_preformatted=False, train_only_last_turn=False, cache_dir=None, cache_key=None,
+        num_proc=1,
+    )
+    print(json.dumps({"module": specforge.__file__, "payloads": [t["payload"] for t in tasks]}))
+    """
+)
 
 
 def test_specforge_prepare_prompt_tasks_reads_the_exact_ids(
-    exported: dict[str, Any], tmp_path: Path
+    trainers: Path, exported: dict[str, Any], tmp_path: Path
 ) -> None:
-    site = install_no_deps(SPECFORGE)
     max_length = exported["report"].length_stats()["max"]
-    result = specforge_reads(site, exported["path"], max_length)
-    assert result.returncode == 0, result.stderr
-    answer = json.loads(result.stdout)
-    assert answer["module"].startswith(str(site))  # SpecForge's own code ran, not a stand-in
+    answer = python_json(trainers, SPECFORGE_READER, exported["path"], str(max_length))
+    assert answer["module"].startswith(str(trainers))  # SpecForge's own code ran, not a stand-in
     payloads = answer["payloads"]
     rows, records = exported["rows"], exported["records"]
     assert len(payloads) == len(rows) == len(records)  # SpecForge dropped no row silently
-    for payload, row in zip(payloads, rows, strict=True):
+    for payload, row in zip(payloads, rows, strict=True):  # SpecForge keeps the file's order
         source = records[row["id"]]
         prompt, output = source["input_ids"], source["output_ids"]
         assert payload == {
@@ -144,47 +122,22 @@ def test_specforge_prepare_prompt_tasks_reads_the_exact_ids(
     broken = [dict(row) for row in rows]
     broken[1]["loss_mask"] = broken[1]["loss_mask"][:-1]
     mutant.write_text("".join(json.dumps(row) + "\n" for row in broken))
-    result = specforge_reads(site, mutant, max_length)
+    result = run([trainers / "bin" / "python", "-c", SPECFORGE_READER, mutant, str(max_length)])
     assert result.returncode != 0
-    assert "ValueError" in result.stderr
     assert "mismatched input_ids/loss_mask lengths" in result.stderr
 
 
-def test_speculators_contract_on_the_same_file(exported: dict[str, Any]) -> None:
-    """What speculators' ``prepare-data`` passthrough demands of a pre-tokenized row."""
-    from datasets import load_dataset
+EAGLEDATA_VOCAB = textwrap.dedent(
+    """
+    import sys
+    from pathlib import Path
+    from eagledata.export import ExportOptions, export_runs
 
-    dataset = load_dataset("json", data_files=str(exported["path"]), split="train")
-    assert {"input_ids", "loss_mask"} <= set(dataset.column_names)
-    assert len(dataset) == len(exported["records"])
-    for ids, mask in zip(dataset["input_ids"], dataset["loss_mask"], strict=True):
-        assert len(ids) == len(mask)
-        assert all(type(token) is int for token in ids)
-        assert set(mask) <= {0, 1}
-        assert sum(mask) >= 1
-        # unshifted and contiguous: the prompt, then every generated token supervised
-        first = mask.index(1)
-        assert mask == [0] * first + [1] * (len(mask) - first)
-
-
-def test_speculators_own_builder_passes_the_rows_through(exported: dict[str, Any]) -> None:
-    preprocessing = pytest.importorskip(
-        "speculators.data_generation.preprocessing",
-        reason="speculators (and torch) are not installed; its contract is tested above",
-    )
-    from datasets import load_dataset
-
-    dataset = load_dataset("json", data_files=str(exported["path"]), split="train")
-    max_length = exported["report"].length_stats()["max"]
-    built = preprocessing.build_speculator_training_dataset(
-        dataset, processor=None, max_length=max_length, num_proc=1
-    )
-    assert len(built) == len(exported["rows"])
-    for row, want in zip(built, exported["rows"], strict=True):
-        assert row["input_ids"].tolist() == want["input_ids"]
-        assert row["loss_mask"].tolist() == want["loss_mask"]
-        assert int(row["seq_len"]) == len(want["input_ids"])
-
+    out, sizes, runs = Path(sys.argv[1]), sys.argv[2].split(","), [Path(p) for p in sys.argv[3:]]
+    for size in sizes:
+        export_runs(runs, out / f"train-{size}.jsonl", ExportOptions(draft_vocab_size=int(size)))
+    """
+)
 
 SPECFORGE_VOCAB = textwrap.dedent(
     """
@@ -193,42 +146,159 @@ SPECFORGE_VOCAB = textwrap.dedent(
     from datasets import load_dataset
     from specforge.data.preprocessing import generate_vocab_mapping_file
 
-    rows = load_dataset("json", data_files=sys.argv[1], split="train").with_format("torch")
-    path = generate_vocab_mapping_file(
-        rows, target_vocab_size=int(sys.argv[2]), draft_vocab_size=int(sys.argv[3]),
-        cache_dir=sys.argv[4], cache_key="specforge",
-    )
-    mapping = torch.load(path)
-    json.dump({"d2t": mapping["d2t"].tolist(), "t2d": mapping["t2d"].tolist()}, sys.stdout)
+    data, vocab, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    rows = load_dataset("json", data_files=data, split="train").with_format("torch")
+    answer = {}
+    for size in sys.argv[4].split(","):
+        theirs = torch.load(generate_vocab_mapping_file(
+            rows, target_vocab_size=vocab, draft_vocab_size=int(size),
+            cache_dir=out, cache_key=f"specforge-{size}",
+        ))
+        ours = torch.load(f"{out}/train-{size}.vocab_mapping.pt")
+        answer[size] = {}
+        for side, m in (("specforge", theirs), ("eagledata", ours)):
+            d2t, t2d = m["d2t"], m["t2d"]
+            used = t2d.nonzero().flatten().tolist()
+            answer[size][side] = {"d2t": (str(d2t.dtype), d2t.tolist()),
+                                  "t2d": (str(t2d.dtype), len(t2d), used)}
+    print(json.dumps(answer))
     """
 )
 
 
 def test_the_draft_vocab_mapping_is_specforges(
-    exported: dict[str, Any], tmp_path: Path, tokenizer_dir: str
+    trainers: Path, exported: dict[str, Any], tmp_path: Path, tokenizer_dir: str
 ) -> None:
-    torch = pytest.importorskip("torch", reason="--draft-vocab-size writes a torch file")
+    """eagledata's ``--draft-vocab-size`` file, tensor for tensor, is what SpecForge's own builder
+    makes of the same rows: at 64 (fewer than the supervised ids) and 1000 (more: padded)."""
     from transformers import AutoTokenizer
 
     vocab = len(AutoTokenizer.from_pretrained(tokenizer_dir))
-    runs = [Path(r) for r in (run["run_dir"] for run in exported["report"].to_json()["runs"])]
-    out = tmp_path / "train.jsonl"
-    export_runs(runs, out, ExportOptions(draft_vocab_size=64))
-    mapping = torch.load(tmp_path / "train.vocab_mapping.pt")
-    assert mapping["d2t"].dtype == torch.long and mapping["d2t"].shape == (64,)
-    assert mapping["t2d"].dtype == torch.bool and mapping["t2d"].shape == (vocab,)
-    assert int(mapping["t2d"].sum()) == 64
+    supervised = {token for item in exported["records"].values() for token in item["output_ids"]}
+    assert 64 < len(supervised) < 1000 <= vocab
+    sizes = "64,1000"
+    # the project's interpreter, given torch (and nothing else of the trainers' venv)
+    path = os.pathsep.join(
+        filter(None, [str(torch_overlay(trainers)), os.environ.get("PYTHONPATH")])
+    )
+    made = run([sys.executable, "-c", EAGLEDATA_VOCAB, tmp_path, sizes, *exported["runs"]],
+               env={"PYTHONPATH": path})  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    answer = python_json(
+        trainers, SPECFORGE_VOCAB, tmp_path / "train-64.jsonl", str(vocab), tmp_path, sizes
+    )
+    for size, sides in answer.items():
+        ours, theirs = sides["eagledata"], sides["specforge"]
+        assert ours == theirs, size
+        assert ours["d2t"][0] == "torch.int64" and len(ours["d2t"][1]) == int(size)
+        assert ours["t2d"][:2] == ["torch.bool", vocab] and len(ours["t2d"][2]) == int(size)
+    # the small draft vocabulary holds supervised ids only, the large one all of them
+    assert set(answer["64"]["eagledata"]["t2d"][2]) <= supervised
+    assert supervised <= set(answer["1000"]["eagledata"]["t2d"][2])
 
-    # SpecForge's own builder on the same rows, where its data-preparation stack imports.
-    site = install_no_deps(SPECFORGE)
-    result = subprocess.run(
-        [sys.executable, "-c", SPECFORGE_VOCAB, str(out), str(vocab), "64", str(tmp_path / "sf")],
-        capture_output=True, text=True, timeout=300, check=False,
-        env={**os.environ, "PYTHONPATH": str(site)},
-    )  # fmt: skip
-    if result.returncode != 0 and "ModuleNotFoundError" in result.stderr:
-        pytest.skip(f"specforge.data.preprocessing needs {result.stderr.strip().splitlines()[-1]}")
-    assert result.returncode == 0, result.stderr
-    theirs = json.loads(result.stdout.strip().splitlines()[-1])
-    assert mapping["d2t"].tolist() == theirs["d2t"]
-    assert mapping["t2d"].tolist() == theirs["t2d"]
+
+# --- speculators ------------------------------------------------------------------------------
+
+
+def hint(report: ExportReport) -> list[str]:
+    """The export's own ``speculators:`` hint, as arguments to ``speculators``."""
+    (line,) = [line for line in report.hand_off() if line.startswith("speculators: ")]
+    return shlex.split(line.removeprefix("speculators: "))
+
+
+def prepare(trainers: Path, tokenizer: str, args: list[str], out: Path) -> str:
+    """``speculators prepare-data ARGS`` (the README's route: ``--model`` the run's tokenizer, no
+    ``--render-endpoint``); returns its log."""
+    result = run([trainers / "bin" / "speculators", *args, "--model", tokenizer, "--output", out])
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout + result.stderr
+
+
+def logged(log: str, pattern: str) -> int:
+    """The sum of the counts a warning logged (one line per map worker)."""
+    return sum(int(n) for n in re.findall(pattern, log))
+
+
+@pytest.fixture(scope="module")
+def prepared(
+    trainers: Path,
+    exported: dict[str, Any],
+    tokenizer_dir: str,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> dict[str, Any]:
+    """The ``ids`` export through the command its hint prints, with the token frequencies."""
+    out = tmp_path_factory.mktemp("prepared") / "prepared"
+    args = [*hint(exported["report"]), "--no-skip-token-freq"]
+    return {"out": out, "log": prepare(trainers, tokenizer_dir, args, out)}
+
+
+def test_speculators_prepare_data_takes_every_row_as_exported(
+    trainers: Path, exported: dict[str, Any], prepared: dict[str, Any]
+) -> None:
+    report = exported["report"]
+    assert hint(report) == ["prepare-data", "--data", str(exported["path"]), "--seq-length",
+                            str(report.length_stats()["max"])]  # fmt: skip
+    assert "Speculator-format rows: using their loss mask, skipping render" in prepared["log"]
+    got, order = prepared_rows(prepared["out"])
+    want, cut, dropped = expected_rows(exported["records"].values(), report.length_stats()["max"])
+    assert (cut, dropped) == (0, 0)
+    assert got == want  # every record, its exact ids and mask, nothing else
+    # shuffled (--seed, default 0): the file's order is gone, rows match by content only
+    assert order != [(tuple(r["input_ids"]), tuple(r["loss_mask"])) for r in exported["rows"]]
+
+    # token_freq.pt: the supervised ids' counts, the same as eagledata's --token-counts
+    freq = python_json(
+        trainers,
+        "import json, sys, torch; print(json.dumps(torch.load(sys.argv[1])))",
+        prepared["out"] / "token_freq.pt",
+    )
+    assert freq == json.loads(Path(report.files["token counts"]).read_text())
+
+
+def test_speculators_keeps_an_old_output_and_cuts_rows_at_seq_length(
+    trainers: Path,
+    exported: dict[str, Any],
+    prepared: dict[str, Any],
+    tokenizer_dir: str,
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "prepared"
+    shutil.copytree(prepared["out"], out)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    # a length that drops some rows (prompt longer than it) and cuts others
+    prompts = sorted(len(item["input_ids"]) for item in exported["records"].values())
+    short = prompts[len(prompts) // 2]
+    want, cut, dropped = expected_rows(exported["records"].values(), short)
+    assert cut > 0 and dropped > 0
+    data = ["prepare-data", "--data", str(exported["path"]), "--seq-length", str(short)]
+
+    # without --overwrite: the old output stays, exit 0, one warning
+    log = prepare(trainers, tokenizer_dir, data, out)
+    assert "Dataset files already exist in output directory, skipping preprocessing" in log
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+    # --overwrite: rebuilt, rows cut at --seq-length (warned), rows left unsupervised dropped
+    # (warned); an existing token frequency file is reused as it is, not recounted
+    freq = tmp_path / "token_freq.pt"
+    shutil.copy(out / "token_freq.pt", freq)
+    more = ["--overwrite", "--no-skip-token-freq", "--token-freq-path", str(freq)]
+    log = prepare(trainers, tokenizer_dir, [*data, *more], out)
+    assert prepared_rows(out)[0] == want
+    assert logged(log, r"Dropped (\d+) rows with no supervised tokens") == dropped
+    assert logged(log, rf"(\d+) rows may have been truncated .*\({short}\)") == cut
+    assert "Reusing existing token frequency distribution" in log
+    assert freq.read_bytes() == before["token_freq.pt"]
+
+
+def test_speculators_reads_the_hf_export_through_its_hint(
+    trainers: Path, exported: dict[str, Any], tokenizer_dir: str, tmp_path: Path
+) -> None:
+    report = exported["hf_report"]
+    args = hint(report)
+    assert args[:3] == ["prepare-data", "--data", f"hf:{report.output}"]
+    log = prepare(trainers, tokenizer_dir, args, tmp_path / "prepared")
+    assert "Speculator-format rows: using their loss mask, skipping render" in log
+    got, _ = prepared_rows(tmp_path / "prepared")
+    want, _, _ = expected_rows(exported["records"].values(), report.length_stats()["max"])
+    assert got == want
+    assert sum(got.values()) == report.exported

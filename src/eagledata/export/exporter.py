@@ -1,5 +1,5 @@
 """Wire an export: open the runs, stream their records through the selection and one format,
-write the data atomically, then the side files and the report.
+check every row's loss mask, write the data atomically, then the side files and the report.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from eagledata.config import TokenizerSettings
 from eagledata.errors import ExportError
 from eagledata.export.format import RowIdentity, RowMaker
 from eagledata.export.formats import FORMATS
+from eagledata.export.maskcheck import carries_mask, mask_problem
 from eagledata.export.output import (
     atomic_target,
     check_target,
@@ -97,14 +98,29 @@ def _identity(record: RecordLine, label: str | None) -> RowIdentity:
     return RowIdentity(f"{label}/{record_id}", f"{label}/{primary}", label)
 
 
+def _checked(row: dict[str, Any], record: RecordLine, who: RowIdentity, fmt: str) -> None:
+    """A row that carries a loss mask must carry the exact one (``maskcheck``): the trainers
+    train on whatever mask they get. Raised here, the output is never renamed into place."""
+    if not carries_mask(row):
+        return
+    problem = mask_problem(row, record.input_ids, record.output_ids)
+    if problem is not None:
+        raise ExportError(
+            f"--format {fmt}: row {who.id}: {problem}; the export stopped and wrote nothing "
+            "(a bug in this format's rows: please report it)"
+        )
+
+
 def _rows(
     runs: list[RunRecords],
     selection: Selection,
     maker: RowMaker,
+    fmt: str,
     report: ExportReport,
     counts: Counter[int] | None,
 ) -> Iterator[dict[str, Any]]:
-    """Every exported row, in run then shard order; counts everything into ``report``."""
+    """Every exported row, in run then shard order, each mask checked against its record;
+    counts everything into ``report``."""
     seen: set[str] = set()
     several = len(runs) > 1
     for run in runs:
@@ -121,6 +137,7 @@ def _rows(
             if isinstance(row, str):
                 report.skipped_row(counts_of_run, row, who.id)
                 continue
+            _checked(row, record, who, fmt)
             seen.add(who.id)
             output = record.output_ids
             if counts is not None:
@@ -172,7 +189,7 @@ def export_runs(run_dirs: Sequence[Path], out: Path, options: ExportOptions) -> 
     counts: Counter[int] | None = (
         Counter() if options.token_counts or options.draft_vocab_size is not None else None
     )
-    rows = _rows(runs, selection, maker, report, counts)
+    rows = _rows(runs, selection, maker, chosen.name, report, counts)
     with atomic_target(out, is_dir=chosen.writes_folder) as tmp:
         chosen.write(rows, tmp)
     report.files["data"] = str(out)
