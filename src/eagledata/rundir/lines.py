@@ -90,10 +90,28 @@ class RecordLine(Line):
 
     FILE: ClassVar[str] = "shards/*.jsonl"
 
-    id: str = Field(description="`dataset/row_id/sample`: stable and unique in the run")
+    id: str = Field(
+        description="`dataset/row_id/sample` (`dataset/row_id/sample/turn` under `turns = "
+        '"all"`): stable and unique in the run'
+    )
     dataset: str = Field(description="the dataset's name, as in the config or the file's stem")
     row_id: str = Field(description="the source row's stable id within its dataset")
     sample: int = Field(description="the sample index, 0 to `samples_per_prompt - 1`")
+    conversation_id: str | None = Field(
+        default=None,
+        description="`dataset/row_id/sample`: the conversation this answer belongs to (each "
+        "sample is a conversation of its own); null in records written before turns existed",
+    )
+    turn: int | None = Field(
+        default=None,
+        description="0-based among the conversation's regenerated assistant turns (always 0 "
+        'under `turns = "last"`)',
+    )
+    conversation_turns: int | None = Field(
+        default=None,
+        description="how many of the conversation's assistant turns are regenerated (1 under "
+        '`turns = "last"`): `turn` runs from 0 to `conversation_turns - 1`',
+    )
     finish_reason: Literal["stop", "length"] = Field(
         description="`stop` (the model ended it) or `length` (cut at `max_new_tokens`)"
     )
@@ -103,7 +121,9 @@ class RecordLine(Line):
         default=0.0, description="unix seconds when the response completed (not when written)"
     )
     messages: list[dict[str, Any]] = Field(
-        description="the prompt's messages, exactly as rendered into `input_ids`"
+        description="the prompt's messages, exactly as rendered into `input_ids`; under `turns "
+        '= "all"` the earlier assistant messages are the regenerated answers (content and '
+        "`reasoning_content` from the previous turns' `output_ids`)"
     )
     input_ids: list[int] = Field(description="exactly the ids sent")
     output_ids: list[int] = Field(description="exactly the ids returned, stop token included")
@@ -131,6 +151,16 @@ class RecordLine(Line):
         description="SGLang's speculative verify steps for this answer; null without "
         "speculative decoding",
     )
+    reasoning_tokens: int | None = Field(
+        default=None,
+        description="output ids spent thinking (inside the think block, tags excluded); null "
+        "for a tokenizer without think tags",
+    )
+    prompt_key: str | None = Field(
+        default=None,
+        description="the hash a duplicate prompt is found by (of the prompt ids; under `turns "
+        '= "all"` of the first prompt\'s ids and the later user messages)',
+    )
 
 
 class FailureLine(Line):
@@ -142,15 +172,23 @@ class FailureLine(Line):
     status: Literal["failed", "skipped"] = Field(
         default="failed",
         description="`failed` (counted as failed; `resume --retry-failed` tries it again) or "
-        "`skipped` (the plan leaves it out on purpose, e.g. a duplicate id)",
+        "`skipped` (the plan leaves it out on purpose: a `duplicate` prompt, a `duplicate_id`)",
     )
-    reason: str = Field(description="the short cause: `bad_row`, `prompt_too_long`, ...")
+    reason: str = Field(
+        description="the short cause: `bad_row`, `prompt_too_long`, `previous_turn_failed`, "
+        "`duplicate`, ..."
+    )
     message: str = Field(description="one line saying what went wrong")
     dataset: str = Field(description="the dataset's name")
     row_id: str = Field(description="the source row's id")
     sample: int = Field(description="the sample index")
     attempts: int = Field(description="requests sent for it (0: it never reached a server)")
     time: float = Field(description="unix seconds when it ended")
+    prompt_key: str | None = Field(
+        default=None,
+        description="its prompt's `prompt_key`, when the prompt was templated (a later copy of "
+        "it is still a `duplicate`)",
+    )
 
 
 # --- checks of the servers ----------------------------------------------------------------
@@ -283,6 +321,15 @@ class ShardIndexLine(Line):
     completion_lengths: list[int] = Field(description="each record's answer length")
     created_at: list[float] = Field(description="each record's completion time")
     spec_verify_ct: list[int] = Field(description="each record's verify count, 0 where none")
+    datasets: dict[str, int] = Field(default={}, description="records per dataset")
+    turns_left: list[int] = Field(
+        default=[],
+        description="each record's turns after it in its conversation (`conversation_turns - "
+        "turn - 1`, 0 where none): what resume continues",
+    )
+    prompt_keys: list[str] = Field(
+        default=[], description="each record's `prompt_key`, empty where none (dedupe on resume)"
+    )
     digest: str = Field(default="", description="blake2b-128 of the object without it")
 
 

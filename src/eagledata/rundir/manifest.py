@@ -8,7 +8,8 @@ Layout of a run directory::
     pending/*.jsonl   the open journal of the running (or crashed) process
     failures.jsonl    items that ended without a record, with their reason
     checks.jsonl      every KV-guard check: server, time, verdict
-    plan.json         the plan's size, once the dataset has been read to its end
+    plan.json         the plan's size (in all and per dataset), once the datasets have been read
+                      to their end
     .lock             held (flock) by the one process working on the run
 
 The source of truth for "done" is the set of ids in ``shards/``, ``pending/`` and
@@ -49,6 +50,7 @@ from eagledata.rundir.journal import (
     storage_error,
 )
 from eagledata.rundir.lines import FailureLine, LineError, RecordLine, line_schemas
+from eagledata.rundir.planstate import PlanStateBuilder
 from eagledata.rundir.shardindex import IndexRead, iter_indexes
 
 SCHEMA_VERSION = 1
@@ -74,6 +76,18 @@ def library_versions() -> dict[str, str]:
 
 
 @dataclass
+class DatasetTotals:
+    """One dataset's share of a run's counts (a run of several datasets: ``--dataset`` repeated
+    or a ``[mixes.NAME]``)."""
+
+    written: int = 0
+    failed: int = 0
+    skipped: int = 0
+    failure_reasons: dict[str, int] = field(default_factory=dict)
+    skipped_reasons: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
 class RunTotals:
     """Counts over a run directory's committed files."""
 
@@ -87,6 +101,10 @@ class RunTotals:
     # (completion time, completion tokens) of records, for the recent rate in ``status``
     recent: list[tuple[float, int]] = field(default_factory=list)
     failure_reasons: dict[str, int] = field(default_factory=dict)
+    """Every failure-file entry by reason (failed and skipped)."""
+    skipped_reasons: dict[str, int] = field(default_factory=dict)
+    """The skipped entries alone, by reason (``duplicate``, ``duplicate_id``)."""
+    datasets: dict[str, DatasetTotals] = field(default_factory=dict)
     # Quality, not speed: an answer cut at max_new_tokens teaches a drafter to never stop.
     finish_reasons: dict[str, int] = field(default_factory=dict)
     output_lengths: array[int] = field(default_factory=lambda: array("l"))
@@ -100,6 +118,12 @@ class RunTotals:
     acceptance: Acceptance = field(default_factory=Acceptance)
     # shard indexes that could not be trusted and were rebuilt from their shard, by reason
     indexes_rebuilt: dict[str, int] = field(default_factory=dict)
+
+    def dataset(self, name: str) -> DatasetTotals:
+        found = self.datasets.get(name)
+        if found is None:
+            found = self.datasets[name] = DatasetTotals()
+        return found
 
     def flags_line(self) -> str:
         """``flags: degenerate 3 (0.3%), truncated 12 (1.2%)``, or ``flags: none``."""
@@ -170,9 +194,14 @@ def _count(table: dict[str, int], key: str, count: int = 1) -> None:
 
 
 def scan_totals(
-    run_dir: Path, recent_window_s: float = 600.0, *, persist_indexes: bool = False
+    run_dir: Path,
+    recent_window_s: float = 600.0,
+    *,
+    persist_indexes: bool = False,
+    plan_state: PlanStateBuilder | None = None,
 ) -> RunTotals:
     """Counts over the committed files: shard indexes, the open journal's lines, the failures.
+    ``plan_state`` is fed what a resumed plan needs from the same reads (``planstate``).
 
     Memory: about 16 B per done id and 8 B per record (answer lengths), whatever the record size.
     """
@@ -182,6 +211,10 @@ def scan_totals(
         index = read.index
         if read.rebuilt is not None:
             _count(totals.indexes_rebuilt, read.rebuilt)
+        if plan_state is not None:
+            plan_state.add_index(read.shard, index)
+        for name, count in index.datasets.items():
+            totals.dataset(name).written += count
         totals.done_ids.update(index.ids)
         totals.written += index.records
         totals.prompt_tokens += index.prompt_tokens
@@ -213,6 +246,9 @@ def scan_totals(
     for path in pending_journals(run_dir):  # the open journal: at most shard_size lines
         for line in iter_jsonl_lines(path):
             record = RecordLine.parse(line)
+            if plan_state is not None:
+                plan_state.add_record(record)
+            totals.dataset(record.dataset).written += 1
             totals.done_ids.add(record.id)
             totals.written += 1
             totals.prompt_tokens += record.prompt_tokens
@@ -236,11 +272,19 @@ def scan_totals(
     failures = run_dir / "failures.jsonl"
     if failures.is_file():
         for entry in failure_lines(failures):
+            if plan_state is not None:
+                plan_state.add_failure(entry)
             totals.done_ids.add(entry.id)
+            of_dataset = totals.dataset(entry.dataset)
             if entry.status == "skipped":
                 totals.skipped += 1
+                of_dataset.skipped += 1
+                _count(totals.skipped_reasons, entry.reason)
+                _count(of_dataset.skipped_reasons, entry.reason)
             else:
                 totals.failed += 1
+                of_dataset.failed += 1
+                _count(of_dataset.failure_reasons, entry.reason)
             _count(totals.failure_reasons, entry.reason)
     return totals
 
@@ -352,8 +396,21 @@ class RunDir:
         estimate = self.read().get("planned_estimate")
         return int(estimate) if estimate is not None else None
 
-    def set_planned(self, planned: int) -> None:
-        write_json_atomic(self.path / "plan.json", {"planned": planned})
+    def set_planned(self, planned: int, by_dataset: dict[str, int] | None = None) -> None:
+        plan: dict[str, Any] = {"planned": planned}
+        if by_dataset is not None:
+            plan["datasets"] = dict(by_dataset)
+        write_json_atomic(self.path / "plan.json", plan)
+
+    def planned_by_dataset(self) -> dict[str, int] | None:
+        """Each dataset's planned items, once the plan is complete (runs since turns existed)."""
+        path = self.path / "plan.json"
+        if not path.is_file():
+            return None
+        datasets = orjson.loads(path.read_bytes()).get("datasets")
+        if not isinstance(datasets, dict):
+            return None
+        return {str(name): int(count) for name, count in datasets.items()}
 
     def requeue_failures(self) -> int:
         """Forget the failed items (not the skipped ones), so this session generates them again.

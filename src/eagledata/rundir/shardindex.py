@@ -2,8 +2,9 @@
 
 ``shards/shard-NNNNNN.jsonl`` gets ``shards/shard-NNNNNN.idx.json`` (never matched by
 ``shards/*.jsonl``, which consumers glob). It holds the shard's record ids, counts, token totals,
-finish reasons, flag counts, per-record answer lengths and completion times, the shard's size,
-mtime and checksum, and a digest of the index itself.
+finish reasons, flag counts, records per dataset, per-record answer lengths, completion times,
+turns left in their conversation and prompt keys, the shard's size, mtime and checksum, and a
+digest of the index itself.
 
 An index is a cache, never the truth: it is trusted only when it is whole (parses, right version),
 unaltered (its digest matches its body, its counts agree with each other), about its own shard (the
@@ -35,7 +36,8 @@ from eagledata.atomic import atomic_write
 from eagledata.errors import StorageError
 from eagledata.rundir.lines import LineError, ShardIndexLine
 
-INDEX_VERSION = 1
+INDEX_VERSION = 2
+"""2: records per dataset, turns left and prompt keys (a version 1 index is rebuilt once)."""
 INDEX_SUFFIX = ".idx.json"
 
 # Why an index was not trusted (``IndexRead.rebuilt``).
@@ -69,6 +71,11 @@ class ShardIndex:
     spec_verify_ct: list[int]
     flagged: int = 0  # records carrying at least one flag
     invalid_lines: int = 0  # lines that are not a JSON object with an id: verify reports them
+    datasets: dict[str, int] = field(default_factory=dict)  # records per dataset
+    # per record, in file order: turns after it in its conversation (what resume continues)
+    turns_left: list[int] = field(default_factory=list)
+    # per record, in file order: its prompt key, "" where none (dedupe on resume)
+    prompt_keys: list[str] = field(default_factory=list)
 
     @property
     def records(self) -> int:
@@ -93,6 +100,9 @@ class ShardIndex:
             completion_lengths=self.completion_lengths,
             created_at=self.created_at,
             spec_verify_ct=self.spec_verify_ct,
+            datasets=self.datasets,
+            turns_left=self.turns_left,
+            prompt_keys=self.prompt_keys,
         )
 
     def to_bytes(self) -> bytes:
@@ -129,6 +139,9 @@ class ShardIndex:
             spec_verify_ct=line.spec_verify_ct,
             flagged=line.flagged,
             invalid_lines=line.invalid_lines,
+            datasets=line.datasets,
+            turns_left=line.turns_left,
+            prompt_keys=line.prompt_keys,
         )
         index.check_consistent(line.records)
         return index
@@ -139,12 +152,15 @@ class ShardIndex:
             len(self.completion_lengths)
             == len(self.created_at)
             == len(self.spec_verify_ct)
+            == len(self.turns_left)
+            == len(self.prompt_keys)
             == records
         )
         if not (
             len(self.ids) == records
             and lengths_ok
             and sum(self.finish_reasons.values()) == records
+            and sum(self.datasets.values()) == records
             and self.flagged <= records
             and sum(self.completion_lengths) == self.completion_tokens
             and all(isinstance(item_id, str) for item_id in self.ids)
@@ -194,6 +210,9 @@ class IndexBuilder:
     spec_verify_ct: list[int] = field(default_factory=list)
     flagged: int = 0
     invalid_lines: int = 0
+    datasets: dict[str, int] = field(default_factory=dict)
+    turns_left: list[int] = field(default_factory=list)
+    prompt_keys: list[str] = field(default_factory=list)
     hasher: Any = field(default_factory=new_checksum)
 
     def add(self, line: bytes, record: object) -> None:
@@ -220,6 +239,11 @@ class IndexBuilder:
         if isinstance(created, bool) or not isinstance(created, int | float):
             created = 0.0
         self.created_at.append(round(float(created), 3))
+        dataset = str(record.get("dataset", "?"))
+        self.datasets[dataset] = self.datasets.get(dataset, 0) + 1
+        self.turns_left.append(turns_left(record))
+        key = record.get("prompt_key")
+        self.prompt_keys.append(key if isinstance(key, str) else "")
 
     def add_unparsable(self, line: bytes) -> None:
         self.hasher.update(line)
@@ -241,7 +265,18 @@ class IndexBuilder:
             spec_verify_ct=self.spec_verify_ct,
             flagged=self.flagged,
             invalid_lines=self.invalid_lines,
+            datasets=self.datasets,
+            turns_left=self.turns_left,
+            prompt_keys=self.prompt_keys,
         )
+
+
+def turns_left(record: dict[str, Any]) -> int:
+    """The turns of its conversation after this record (0: none, or not a conversation turn)."""
+    turn, turns = record.get("turn"), record.get("conversation_turns")
+    if type(turn) is not int or type(turns) is not int:
+        return 0
+    return max(turns - turn - 1, 0)
 
 
 def _int(value: object) -> int:
@@ -339,6 +374,9 @@ INDEXED_FIELDS = (
     "spec_verify_ct",
     "flagged",
     "invalid_lines",
+    "datasets",
+    "turns_left",
+    "prompt_keys",
 )
 
 
