@@ -61,7 +61,7 @@ class ConversationBuilder:
     def __init__(self, tokenizer: Any, template_kwargs: dict[str, Any] | None = None) -> None:
         self.tokenizer = tokenizer
         self.template_kwargs = dict(template_kwargs or {})
-        self.splitter = AnswerReader(tokenizer)
+        self.splitter = AnswerReader(tokenizer, strip=True)
         self.rows_with_reasoning = 0
         self.reasoning_tokens = 0
         self.rows_without_system = 0

@@ -1,12 +1,15 @@
 """An answer's ids read back the way a chat client reads them: thinking and content.
 
 A client of SGLang's chat API gets the answer text with the stop token removed and, for a
-thinking model, the thinking split off into ``reasoning_content`` (SGLang's reasoning parser:
-everything before the think-end tag is reasoning, a leading think-start tag the model wrote itself
-is dropped, both sides stripped of surrounding whitespace). ``turns = "all"`` sends an earlier
-answer back that way, as the next turn's assistant message; the chat template then decides what
-it renders of it (Kimi-K2.5 drops earlier thinking). ``export --format conversations`` writes the
-same message.
+thinking model, the thinking split off into ``reasoning_content``. SGLang's reasoning parser
+(``BaseReasoningFormatDetector.detect_and_parse``): an answer with no think block is returned as
+it is; otherwise the think-start tag is removed and the text stripped, everything before the
+think-end tag is the reasoning and everything after it, stripped, the content (an answer cut
+inside its thinking is all reasoning). ``turns = "all"`` sends an earlier answer back that way,
+as the next turn's assistant message; the chat template then decides what it renders of it
+(Kimi-K2.5 drops earlier thinking). ``export --format conversations`` writes the same message,
+with both fields stripped (``strip=True``: a trainer's role validators refuse whitespace-only
+turns).
 
 Everything is read from ``output_ids`` (never from the server's ``text``, which a server decoding
 with ``skip_special_tokens`` has stripped of special think tags), split on ids, and each side
@@ -51,8 +54,10 @@ class AnswerParts:
 class AnswerReader:
     """Splits an answer's ids into thinking and content at the model's think-end token."""
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: Any, *, strip: bool = False) -> None:
         self.tokenizer = tokenizer
+        self.strip = strip
+        """Strip both fields of surrounding whitespace (else: as SGLang's parser leaves them)."""
         self.think_start: int | None = None
         self.think_end: int | None = None
         for start, end in THINK_PAIRS:
@@ -114,7 +119,14 @@ class AnswerReader:
     ) -> AnswerParts:
         content = self.without_stop(output_ids, finish_reason, matched)
         thinking, answer, thought = self.split_ids(prompt, content)
-        return AnswerParts(self._decode(thinking), self._decode(answer), len(thinking), thought)
+        reasoning, text = self._decode(thinking), self._decode(answer)
+        if self.strip:
+            reasoning, text = reasoning.strip(), text.strip()
+        elif thought:  # SGLang: the whole text stripped, then the content after the tag
+            reasoning, text = reasoning.lstrip(), text.strip()
+            if self.think_end not in content:
+                reasoning = reasoning.rstrip()
+        return AnswerParts(reasoning, text, len(thinking), thought)
 
     def reasoning_tokens(
         self,
@@ -136,4 +148,4 @@ class AnswerReader:
         text = self.tokenizer.decode(
             list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False
         )
-        return str(text).strip()
+        return str(text)
