@@ -446,4 +446,10 @@ def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
         for key, item in value.items():
             flat.update(_flatten(item, f"{prefix}{key}."))
         return flat
+    if (
+        isinstance(value, list)
+        and value
+        and all(isinstance(item, dict) and isinstance(item.get("name"), str) for item in value)
+    ):  # a run's datasets (``mix``): named by their names, not their positions
+        return _flatten({item["name"]: item for item in value}, prefix)
     return {prefix.rstrip("."): value}

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from eagledata.config import FrozenSettings
 from eagledata.rundir.journal import iter_jsonl_lines
 from eagledata.rundir.lines import LineError, QualityLine, TelemetryLine
@@ -130,7 +132,10 @@ def _dataset_line(entry: dict[str, Any]) -> str:
         f"skipped {entry['skipped']:,}" + _reasons(entry["skipped_reasons"]),
     ]
     settings = entry.get("settings") or {}
-    shown = ", ".join(f"{key} {value}" for key, value in settings.items())
+    shown = ", ".join(
+        f"{key} {orjson.dumps(value).decode() if isinstance(value, dict) else value}"
+        for key, value in settings.items()
+    )
     return ", ".join(counts) + (f"; {shown}" if shown else "")
 
 
