@@ -13,6 +13,8 @@ from __future__ import annotations
 import signal
 import subprocess
 import time
+from collections import Counter
+from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +31,8 @@ from conftest import (
 )
 from eagledata.config import DatasetSettings, TokenizerSettings
 from eagledata.errors import ConfigError, RunDirError
+from eagledata.report import build_report
+from eagledata.report.scripts import dominant_script, script_letters
 from eagledata.run import pipeline
 from eagledata.rundir.status import run_status
 from eagledata.rundir.verify import verify_run
@@ -564,3 +568,91 @@ def test_kill_9_twice_mid_conversation_then_resume_gives_every_turn_once(
         assert record["input_ids"] == twin["input_ids"]
         assert record["output_ids"] == twin["output_ids"]
     assert verify_run(out).ok
+
+
+# --- the mix in the report ------------------------------------------------------------------
+
+
+class _MixTable(HTMLParser):
+    """The cells of the report's mix table, per dataset."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: dict[str, list[str]] = {}
+        self._row: str | None = None
+        self._cell: list[str] | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        attr = dict(attrs)
+        if tag == "tr" and attr.get("data-dataset"):
+            self._row = str(attr["data-dataset"])
+            self.rows[self._row] = []
+        elif tag == "td" and self._row is not None:
+            self._cell = []
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "td" and self._row is not None and self._cell is not None:
+            self.rows[self._row].append("".join(self._cell))
+            self._cell = None
+        elif tag == "tr":
+            self._row = None
+
+    def handle_data(self, data: str) -> None:
+        if self._cell is not None:
+            self._cell.append(data)
+
+
+def test_the_report_shows_the_mix(tokenizer_dir: str, tmp_path: Path) -> None:
+    tables = datasets(tmp_path, rows=6)
+    world = [
+        "你好世界。今天天气很好。",
+        "Привет, мир! Как дела?",
+        "東京は日本の首都です。",
+        "北京是中国的首都。",
+    ]
+    tables["world"] = {
+        "source": str(write_prompts(tmp_path / "w.jsonl", world, "w")),
+        "turns": "last",
+    }
+    out = tmp_path / "run"
+    with SimServerThread(sim_config(tokenizer_dir, think_share=0.4)) as server:
+        config = make_config(
+            [server.url],
+            out,
+            tokenizer={"name": THINK_TOKENIZER},
+            generation={"turns": "all"},
+            datasets=tables,
+        )
+        pipeline.generate(config, ["sg", "oa", "world"], None, progress=False)
+    table = _MixTable()
+    table.feed(build_report(out).read_text(encoding="utf-8"))
+    status = run_status(out).to_json()["datasets"]
+    records = read_records(out)
+    assert set(table.rows) == {"sg", "oa", "world"}
+    for name, cells in table.rows.items():
+        mine = [r for r in records if r["dataset"] == name]
+        assert cells[0] == name
+        assert cells[1] == f"{status[name]['planned']:,}" and cells[2] == f"{len(mine):,}"
+        assert cells[3] == "0 (0)"
+        thinking = sum(r["reasoning_tokens"] for r in mine) / sum(
+            r["completion_tokens"] for r in mine
+        )
+        assert cells[7] == f"{thinking:.1%}"
+        turns = Counter(r["conversation_turns"] for r in mine if r["turn"] == 0)
+        assert cells[8].endswith(
+            "(" + ", ".join(f"{n}: {count:,}" for n, count in sorted(turns.items())) + ")"
+        )
+    assert table.rows["world"][8] == "1.00 (1: 4)"  # turns = "last" for this one
+    assert table.rows["world"][9] == "Han 75%, Cyrillic 25%"
+    assert table.rows["sg"][9] == "Latin 100%"
+
+
+def test_writing_systems_are_counted_by_letters() -> None:
+    assert script_letters("Hello, world 42!") == Counter({"Latin": 10})
+    assert script_letters("Привет, world") == Counter({"Cyrillic": 6, "Latin": 5})
+    assert dominant_script(script_letters("東京は日本の首都です。")) == "Han"
+    assert dominant_script(script_letters("こんにちは")) == "Kana"
+    assert dominant_script(script_letters("안녕하세요")) == "Hangul"
+    assert dominant_script(script_letters("مرحبا")) == "Arabic"
+    assert dominant_script(script_letters("ሰላም")) == "other"  # Ethiopic: a letter, no column
+    assert dominant_script(script_letters("1 + 2 = 3")) is None
