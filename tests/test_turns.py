@@ -29,6 +29,7 @@ from conftest import (
     read_records,
     sim_config,
 )
+from eagledata.capacity.planning import measure_workload
 from eagledata.config import DatasetSettings, TokenizerSettings
 from eagledata.errors import ConfigError, RunDirError
 from eagledata.report import build_report
@@ -39,6 +40,7 @@ from eagledata.rundir.verify import verify_run
 from eagledata.simserver import SimServerThread, expected_output
 from eagledata.source.answers import AnswerReader
 from eagledata.source.conversations import split_turns
+from eagledata.source.mix import resolve_mix
 from eagledata.source.prompts import row_messages
 from eagledata.source.tokenization import PromptTokenizer
 
@@ -656,3 +658,22 @@ def test_writing_systems_are_counted_by_letters() -> None:
     assert dominant_script(script_letters("مرحبا")) == "Arabic"
     assert dominant_script(script_letters("ሰላም")) == "other"  # Ethiopic: a letter, no column
     assert dominant_script(script_letters("1 + 2 = 3")) is None
+
+
+def test_the_planner_counts_turns_not_rows(tmp_path: Path) -> None:
+    tables = datasets(tmp_path)
+    turns = expected_turns(tables)
+    base = make_config(["http://127.0.0.1:9"], tmp_path / "run", datasets=tables)
+    last = measure_workload(
+        base, resolve_mix(["sg", "oa"], base), sample_rows=100, mean_output_tokens=50
+    )
+    assert last.num_prompts == len(turns) == 20
+    every = make_config(
+        ["http://127.0.0.1:9"], tmp_path / "run", generation={"turns": "all"}, datasets=tables
+    )
+    workload = measure_workload(
+        every, resolve_mix(["sg", "oa"], every), sample_rows=100, mean_output_tokens=50
+    )
+    assert workload.num_prompts == len(workload.prompt_length_sample) == sum(turns.values())
+    # a later turn's prompt holds the answers before it: longer prompts than the last-turn plan
+    assert workload.mean_prompt_tokens > last.mean_prompt_tokens

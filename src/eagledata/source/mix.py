@@ -120,21 +120,28 @@ def mix_rows(mix: Mix, row_limit: int | None) -> Iterator[tuple[MixMember, Sourc
         streams = still
 
 
+def member_row_count(member: MixMember, row_limit: int | None) -> int | None:
+    """The rows the run takes of one dataset (a share: its expected count); None when its rows
+    are not cheap to count."""
+    rows = count_rows(member.dataset, row_limit)
+    if rows is None:
+        return None
+    if member.rows is not None:
+        return min(rows, member.rows)
+    if member.share is not None:
+        return round(rows * member.share)
+    return rows
+
+
 def estimate_items(mix: Mix, generation: GenerationSettings, row_limit: int | None) -> int | None:
     """What the plan will hold, for the progress bar before it is read to its end: rows times
-    samples (a share by its expected count). None when a dataset's rows are not cheap to count,
-    or when it regenerates every turn (its turns are known only once its rows are read)."""
+    samples. None when a dataset's rows are not cheap to count, or when it regenerates every
+    turn (its turns are known only once its rows are read)."""
     total = 0
     for member in mix.members:
         settings = member.dataset.generation(generation)
-        if settings.turns == "all":
+        rows = member_row_count(member, row_limit)
+        if settings.turns == "all" or rows is None:
             return None
-        rows = count_rows(member.dataset, row_limit)
-        if rows is None:
-            return None
-        if member.rows is not None:
-            rows = min(rows, member.rows)
-        elif member.share is not None:
-            rows = round(rows * member.share)
         total += rows * settings.samples_per_prompt
     return total
