@@ -32,9 +32,11 @@ from conftest import (
 from eagledata.capacity.planning import measure_workload
 from eagledata.config import DatasetSettings, TokenizerSettings
 from eagledata.errors import ConfigError, RunDirError
+from eagledata.export import ExportOptions, export_runs
 from eagledata.report import build_report
 from eagledata.report.scripts import dominant_script, script_letters
 from eagledata.run import pipeline
+from eagledata.rundir.manifest import RunDir
 from eagledata.rundir.status import run_status
 from eagledata.rundir.verify import verify_run
 from eagledata.simserver import SimServerThread, expected_output
@@ -198,7 +200,20 @@ def test_every_turn_is_regenerated_in_order_from_the_regenerated_answers(
         name: sum(n for c, n in turns.items() if c.startswith(f"{name}/")) for name in ("sg", "oa")
     }
     assert status["datasets"]["sg"]["settings"]["turns"] == "all"
+    # the progress bar knew the turns before the plan was read to its end
+    assert RunDir(out).read()["planned_estimate"] == planned
     assert verify_run(out).ok
+    # export: one row per turn, P + O with the loss on O, the conversation and turn named
+    report = export_runs([out], tmp_path / "train.jsonl", ExportOptions())
+    rows = [orjson.loads(line) for line in (tmp_path / "train.jsonl").read_bytes().splitlines()]
+    by_id = {r["id"]: r for r in records}
+    assert len(rows) == report.exported == planned - sum(report.skipped.values())
+    for row in rows:
+        record = by_id[row["metadata"]["record_id"]]
+        assert row["input_ids"] == record["input_ids"] + record["output_ids"]
+        assert row["loss_mask"] == [0] * len(record["input_ids"]) + [1] * len(record["output_ids"])
+        assert row["metadata"]["conversation_id"] == record["conversation_id"]
+        assert row["metadata"]["turn"] == record["turn"]
 
 
 def test_a_later_turn_hits_the_cached_prefix_of_the_turn_before(

@@ -21,8 +21,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from eagledata.config import AppConfig, FrozenSettings, GenerationSettings, MixMember
-from eagledata.errors import ConfigError, DatasetError
+from eagledata.errors import BadRowError, ConfigError, DatasetError
+from eagledata.source.conversations import split_turns
 from eagledata.source.dataset import SourceRow, count_rows, iter_rows, resolve_dataset
+from eagledata.source.prompts import row_messages
 
 
 @dataclass(frozen=True)
@@ -135,13 +137,26 @@ def member_row_count(member: MixMember, row_limit: int | None) -> int | None:
 
 def estimate_items(mix: Mix, generation: GenerationSettings, row_limit: int | None) -> int | None:
     """What the plan will hold, for the progress bar before it is read to its end: rows times
-    samples. None when a dataset's rows are not cheap to count, or when it regenerates every
-    turn (its turns are known only once its rows are read)."""
+    samples (a share by its expected count), and for a dataset that regenerates every turn its
+    turns (its rows are read once more for it, only where they are cheap to count). None when a
+    dataset's rows are not."""
     total = 0
     for member in mix.members:
         settings = member.dataset.generation(generation)
         rows = member_row_count(member, row_limit)
-        if settings.turns == "all" or rows is None:
+        if rows is None:
             return None
+        if settings.turns == "all":
+            rows = sum(_turns_of(row, member) for row in member_rows(member, mix.seed, row_limit))
         total += rows * settings.samples_per_prompt
     return total
+
+
+def _turns_of(row: SourceRow, member: MixMember) -> int:
+    """The turns a row plans under ``turns = "all"`` (a row that cannot be read plans one)."""
+    if row.data is None:
+        return 1
+    try:
+        return max(1, len(split_turns(row_messages(row.data, member.dataset))))
+    except BadRowError:
+        return 1
