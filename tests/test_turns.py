@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import signal
 import subprocess
+import threading
 import time
 from collections import Counter
 from html.parser import HTMLParser
@@ -31,7 +32,7 @@ from conftest import (
 )
 from eagledata.capacity.planning import measure_workload
 from eagledata.config import DatasetSettings, TokenizerSettings
-from eagledata.errors import ConfigError, RunDirError
+from eagledata.errors import ConfigError, RunDirError, ServerRefusedError
 from eagledata.export import ExportOptions, export_runs
 from eagledata.report import build_report
 from eagledata.report.scripts import dominant_script, script_letters
@@ -692,3 +693,48 @@ def test_the_planner_counts_turns_not_rows(tmp_path: Path) -> None:
     assert workload.num_prompts == len(workload.prompt_length_sample) == sum(turns.values())
     # a later turn's prompt holds the answers before it: longer prompts than the last-turn plan
     assert workload.mean_prompt_tokens > last.mean_prompt_tokens
+
+
+def test_turns_held_when_the_server_is_refused_are_dropped_and_nothing_is_built_on_them(
+    tokenizer_dir: str, prompt_tokenizer: PromptTokenizer, tmp_path: Path
+) -> None:
+    """The KV guard refuses the server mid-run (fp8): the turns it held are dropped, never
+    written, and no turn built on them is sent; resume generates them against a good server and
+    the conversations go on from there."""
+    tables = datasets(tmp_path, rows=12)
+    out = tmp_path / "run"
+    with SimServerThread(sim_config(tokenizer_dir, latency_s=0.05)) as sim:
+
+        def switch_after_some_turns() -> None:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                if sum(1 for r in read_records(out) if r["turn"] > 0) >= 3:
+                    break
+                time.sleep(0.005)
+            sim.control(kv_cache_dtype="fp8_e4m3")
+
+        switcher = threading.Thread(target=switch_after_some_turns, daemon=True)
+        switcher.start()
+        config = make_config(
+            [sim.url],
+            out,
+            generation={"turns": "all"},
+            server={"guard_interval_s": 0.3, "guard_max_held": 1000},
+            run={"concurrency": 4},
+            datasets=tables,
+        )
+        with pytest.raises(ServerRefusedError, match="fp8"):
+            pipeline.generate(config, ["sg", "oa"], None, progress=False)
+        switcher.join()
+        served_under = sim.stats()["rid_kv_dtype"]
+    records = read_records(out)
+    total = sum(expected_turns(tables).values())
+    assert 0 < len(records) < total
+    fp8 = {rid for rid, dtype in served_under.items() if dtype != "bf16"}
+    assert fp8 and not fp8 & {r["rid"] for r in records}
+    check_conversations(records, prompt_tokenizer, None)  # every turn's predecessor landed
+    with SimServerThread(sim_config(tokenizer_dir)) as good:
+        summary = pipeline.resume(out, server_urls=[good.url], progress=False)
+        final = read_records(out)
+        check_conversations(final, prompt_tokenizer, good)
+    assert summary.written == len(final) == total and summary.left == 0
