@@ -53,7 +53,13 @@ def resolve_mix(arguments: list[str], config: AppConfig) -> Mix:
     for argument in arguments:
         mix = config.mixes.get(argument)
         if mix is None:
-            dataset = resolve_dataset(argument, config.datasets)
+            try:
+                dataset = resolve_dataset(argument, config.datasets)
+            except DatasetError as exc:
+                if not config.mixes or not str(exc).startswith("unknown dataset"):
+                    raise
+                mixes = ", ".join(sorted(config.mixes))
+                raise DatasetError(f"{exc} (or a mix: {mixes})") from None
             members.append(MixMember(name=dataset.name, dataset=dataset.settings))
             continue
         seed = mix.seed
@@ -112,6 +118,10 @@ def member_rows(member: MixMember, seed: int, row_limit: int | None) -> Iterator
 def mix_rows(mix: Mix, row_limit: int | None) -> Iterator[tuple[MixMember, SourceRow]]:
     """Rows of every dataset, one from each in turn until each has given what it gives."""
     streams = [(member, member_rows(member, mix.seed, row_limit)) for member in mix.members]
+    if len(streams) == 1:  # one dataset: its rows, without the turn-taking
+        member, rows = streams[0]
+        yield from ((member, row) for row in rows)
+        return
     while streams:
         still: list[tuple[MixMember, Iterator[SourceRow]]] = []
         for member, rows in streams:
