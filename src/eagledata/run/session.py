@@ -131,8 +131,11 @@ class Run:
             and planned is not None
             and len(totals.done_ids) >= planned
         )
+        # the plan's size before it is read to its end (a run that knows it does not ask again)
         estimate = (
-            None if all_done else estimate_items(self.mix, config.generation, config.run.limit)
+            None
+            if all_done or planned is not None
+            else estimate_items(self.mix, config.generation, config.run.limit)
         )
         return SessionFiles(
             writer=writer,
