@@ -738,3 +738,23 @@ def test_turns_held_when_the_server_is_refused_are_dropped_and_nothing_is_built_
         final = read_records(out)
         check_conversations(final, prompt_tokenizer, good)
     assert summary.written == len(final) == total and summary.left == 0
+
+
+def test_a_mix_named_in_another_order_is_another_run(sim: SimServerThread, tmp_path: Path) -> None:
+    tables = shared_mix(tmp_path)
+    out = tmp_path / "run"
+    config = make_config([sim.url], out, datasets=tables, run={"limit": 3})
+    pipeline.generate(config, ["alpha", "beta"], None, progress=False)
+    with pytest.raises(RunDirError, match=r"other settings \(dataset_name\)"):
+        pipeline.generate(config, ["beta", "alpha"], None, progress=False)
+    # a [mixes.NAME] table whose datasets were reordered: the same run name, another plan
+    mixes = {"m": {"datasets": {"alpha": 0.5, "beta": 0.5}}}
+    first = make_config([sim.url], tmp_path / "mix", datasets=tables, mixes=mixes)
+    pipeline.generate(first, "m", None, progress=False)
+    reordered = {"m": {"datasets": {"beta": 0.5, "alpha": 0.5}}}
+    second = make_config([sim.url], tmp_path / "mix", datasets=tables, mixes=reordered)
+    with pytest.raises(RunDirError, match=r"\(mix \(the order of its datasets\)\)"):
+        pipeline.generate(second, "m", None, progress=False)
+    # the same order continues it
+    again = pipeline.generate(config, ["alpha", "beta"], None, progress=False)
+    assert again.written == 6 and again.session_records == 0

@@ -384,6 +384,8 @@ class RunDir:
         old = _flatten(stored.model_dump(mode="json", by_alias=True))
         new = _flatten(requested.model_dump(mode="json", by_alias=True))
         keys = sorted(key for key in old.keys() | new.keys() if old.get(key) != new.get(key))
+        if not keys:  # the same datasets, named in another order: the plan would differ
+            keys = ["mix (the order of its datasets)"]
         raise RunDirError(
             f"{self.path} was started with other settings ({', '.join(keys)}); resume it with "
             "'eagledata resume RUN_DIR' or pass a new --out"
