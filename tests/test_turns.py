@@ -73,7 +73,7 @@ def conversation(index: int, users: int, prefix: str) -> list[tuple[str, str]]:
         turns.append(("system", f"You are assistant number {index}."))
     for turn in range(users):
         question = QUESTIONS[index % len(QUESTIONS)] if turn == 0 else FOLLOW_UPS[turn - 1]
-        turns.append(("user", f"{prefix} {question}"))
+        turns.append(("user", f"{prefix} {question}" + (f" ({index})" if turn == 0 else "")))
         turns.append(("assistant", f"ORIGINAL answer {prefix}-{index}-{turn}"))
     return turns
 
@@ -152,12 +152,14 @@ def check_conversations(
             assert not any(m["role"] == "assistant" for m in messages)
             continue
         previous = by_id[f"{record['conversation_id']}/{record['turn'] - 1}"]
+        # a tokenizer with think tags: every message carries reasoning_content (one schema)
+        uniform = all("reasoning_content" in m for m in messages)
         answer = reader.split(
             previous["input_ids"],
             previous["output_ids"],
             previous["finish_reason"],
             previous["matched_token_id"],
-        ).message()
+        ).message(reasoning_field=uniform)
         # turn k's messages: turn k-1's, its regenerated answer, then the next user turn
         assert messages[: len(previous["messages"]) + 1] == [*previous["messages"], answer]
         assert messages[-1]["role"] == "user"
@@ -289,7 +291,8 @@ def test_a_thinking_answer_goes_back_as_reasoning_content(
             previous["finish_reason"],
             previous["matched_token_id"],
         )
-        assert answer == parts.message()
+        assert answer == parts.message(reasoning_field=True)
+        assert all("reasoning_content" in m for m in record["messages"])
         assert "<think>" not in answer["reasoning_content"] + answer["content"]
         assert previous["reasoning_tokens"] == parts.reasoning_tokens
         if not answer["reasoning_content"]:
@@ -304,6 +307,17 @@ def test_a_thinking_answer_goes_back_as_reasoning_content(
             assert rendered in prompt
             kept += 1
     assert kept and dropped
+    # the shards still load as one table: messages with and without reasoning_content
+    from datasets import load_dataset
+
+    loaded = load_dataset(
+        "json",
+        data_files=[str(path) for path in sorted(out.glob("*/*.jsonl"))],
+        split="train",
+        cache_dir=str(tmp_path / "cache"),
+    )
+    assert len(loaded) == len(records)
+    assert {row["turn"] for row in loaded} == {r["turn"] for r in records}
 
 
 def test_a_turn_that_cannot_be_sent_ends_its_conversation_in_the_failure_file(
@@ -701,17 +715,22 @@ def test_turns_held_when_the_server_is_refused_are_dropped_and_nothing_is_built_
     """The KV guard refuses the server mid-run (fp8): the turns it held are dropped, never
     written, and no turn built on them is sent; resume generates them against a good server and
     the conversations go on from there."""
-    tables = datasets(tmp_path, rows=12)
+    tables = datasets(tmp_path, rows=16)
     out = tmp_path / "run"
-    with SimServerThread(sim_config(tokenizer_dir, latency_s=0.05)) as sim:
+    with SimServerThread(sim_config(tokenizer_dir, latency_s=0.08)) as sim:
+        switched = threading.Event()
 
         def switch_after_some_turns() -> None:
             deadline = time.monotonic() + 30
             while time.monotonic() < deadline:
-                if sum(1 for r in read_records(out) if r["turn"] > 0) >= 3:
-                    break
+                try:
+                    if sum(1 for r in read_records(out) if r["turn"] > 0) >= 3:
+                        break
+                except FileNotFoundError:  # a journal sealed while we read: look again
+                    continue
                 time.sleep(0.005)
             sim.control(kv_cache_dtype="fp8_e4m3")
+            switched.set()
 
         switcher = threading.Thread(target=switch_after_some_turns, daemon=True)
         switcher.start()
@@ -727,6 +746,7 @@ def test_turns_held_when_the_server_is_refused_are_dropped_and_nothing_is_built_
             pipeline.generate(config, ["sg", "oa"], None, progress=False)
         switcher.join()
         served_under = sim.stats()["rid_kv_dtype"]
+    assert switched.is_set()
     records = read_records(out)
     total = sum(expected_turns(tables).values())
     assert 0 < len(records) < total

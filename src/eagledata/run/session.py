@@ -324,6 +324,7 @@ class Run:
             # room for what is in flight and what the checks hold
             max_open=self._ceiling() + config.server.guard_max_held,
             on_outcome=self._count_failure,
+            reasoning_field=parts.plan.reasoning_field,
         )
 
     def _give_back(self, parts: SessionParts, item: WorkItem) -> None:

@@ -64,8 +64,11 @@ class TurnSource:
         holder: HoldAndRelease[Any],
         max_open: int,
         on_outcome: Callable[[], None],
+        reasoning_field: bool = False,
     ) -> None:
         self.plan = plan
+        self.reasoning_field = reasoning_field
+        """Every answer sent back carries ``reasoning_content`` (``WorkPlan.reasoning_field``)."""
         self.tokenizer = tokenizer
         self.answers = AnswerReader(tokenizer.hf)
         self.failures = failures
@@ -230,7 +233,7 @@ class TurnSource:
             answered.finish_reason,
             answered.matched,
         )
-        return parts.message()
+        return parts.message(reasoning_field=self.reasoning_field)
 
     def _fail_later(self, item: WorkItem, start: int, problem: ItemError | str) -> None:
         """Failure-file entries for turns ``start``.. of ``item``'s conversation: the first

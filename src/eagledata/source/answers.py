@@ -43,10 +43,12 @@ class AnswerParts:
     thought: bool
     """A think block was open in the answer (opened by the model, or by the prompt)."""
 
-    def message(self) -> Message:
-        """The assistant message a chat client sends back with the next user message."""
+    def message(self, *, reasoning_field: bool = False) -> Message:
+        """The assistant message a chat client sends back with the next user message; with
+        ``reasoning_field`` it carries ``reasoning_content`` even when it did not think
+        (``source/conversations.py``: one key set for every message of a run)."""
         answer: Message = {"role": "assistant", "content": self.content}
-        if self.thought:
+        if self.thought or reasoning_field:
             answer["reasoning_content"] = self.reasoning
         return answer
 

@@ -66,6 +66,23 @@ def turn_messages(
     return [*previous, answer, *segment]
 
 
+REASONING = "reasoning_content"
+
+
+def with_reasoning_field(messages: Sequence[Message]) -> list[Message]:
+    """``messages`` with ``reasoning_content`` in each ("" where it has none).
+
+    Why: a run that sends thinking answers back holds records whose messages have that key and
+    records whose messages do not (a conversation's first turn), and a JSON reader that takes its
+    schema from the first file it reads (``datasets.load_dataset("json")`` on ``shards/*.jsonl``)
+    fails on the second kind after the first. With one key set for every message of such a run
+    (``WorkPlan.reasoning_field``) every shard has one schema. The prompts are rendered from these
+    same messages: a template that reads ``reasoning_content`` of an assistant message sees "" for
+    an answer that did not think, and user and system messages are rendered as before.
+    """
+    return [message if REASONING in message else {**message, REASONING: ""} for message in messages]
+
+
 def prompt_key(input_ids: Sequence[int]) -> str:
     """The key a duplicate prompt is found by: a hash of the prompt ids."""
     return hashlib.blake2b(array("q", input_ids).tobytes(), digest_size=KEY_BYTES).hexdigest()

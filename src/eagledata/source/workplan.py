@@ -27,12 +27,14 @@ from eagledata.rundir.idset import CompactIdSet
 from eagledata.rundir.lines import FailureLine, RecordLine
 from eagledata.rundir.planstate import DUPLICATE, PlanState
 from eagledata.rundir.records import failure_line, record_id, turn_id
+from eagledata.source.answers import AnswerReader
 from eagledata.source.conversations import (
     Conversation,
     conversation_key,
     first_empty_turn,
     prompt_key,
     split_turns,
+    with_reasoning_field,
 )
 from eagledata.source.dataset import SourceRow
 from eagledata.source.mix import Mix, mix_rows
@@ -169,6 +171,12 @@ class WorkPlan(Iterator[WorkItem | Answered | Outcome]):
         self.tokenizer = tokenizer
         self.done = done
         self.state = state or PlanState()
+        self.reasoning_field = any(d.all_turns for d in self.datasets.values()) and (
+            tokenizer is not None and AnswerReader(tokenizer.hf).has_thinking
+        )
+        """Every message carries ``reasoning_content``: a run that sends thinking answers back
+        (``turns = "all"``, a tokenizer with think tags) keeps one key set for every record's
+        messages (``with_reasoning_field``)."""
         self.enumerated = 0
         self.by_dataset = dict.fromkeys(self.datasets, 0)
         self.complete = False
@@ -217,6 +225,8 @@ class WorkPlan(Iterator[WorkItem | Answered | Outcome]):
             if plan.row.data is None:
                 raise ItemError(plan.row.error or "unreadable row", reason="bad_row")
             messages = to_messages(plan.row.data, dataset.member.dataset)
+            if self.reasoning_field:
+                messages = with_reasoning_field(messages)
             input_ids = self.tokenizer.encode(messages, dataset.template_kwargs)
             key = prompt_key(input_ids)
             check_length(input_ids, dataset.limit)
@@ -254,6 +264,8 @@ class WorkPlan(Iterator[WorkItem | Answered | Outcome]):
                 segments = split_turns(row_messages(plan.row.data, dataset.member.dataset))
             except BadRowError as exc:
                 problem = exc
+        if self.reasoning_field:
+            segments = [with_reasoning_field(segment) for segment in segments]
         turns = max(len(segments), 1)  # an unreadable row plans (and fails) one turn
         self._count(dataset, samples * turns)
         for sample in range(samples):
