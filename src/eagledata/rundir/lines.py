@@ -123,7 +123,8 @@ class RecordLine(Line):
     messages: list[dict[str, Any]] = Field(
         description="the prompt's messages, exactly as rendered into `input_ids`; under `turns "
         '= "all"` the earlier assistant messages are the regenerated answers (content and '
-        "`reasoning_content` from the previous turns' `output_ids`)"
+        "`reasoning_content` from the previous turns' `output_ids`; with a tokenizer that has "
+        'think tags every message carries `reasoning_content`, "" where none)'
     )
     input_ids: list[int] = Field(description="exactly the ids sent")
     output_ids: list[int] = Field(description="exactly the ids returned, stop token included")
