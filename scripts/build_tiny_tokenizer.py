@@ -1,5 +1,10 @@
 """Build the tiny offline ChatML tokenizer shipped in ``assets/tokenizer/tiny-chatml``.
 
+``--think`` builds its thinking variant, ``assets/tokenizer/tiny-chatml-think``: the same
+vocabulary, and a chat template like a thinking model's (the generation prompt opens ``<think>``,
+as Kimi-K2.5's does; an earlier answer's ``reasoning_content`` is rendered inside
+``<think></think>``, or dropped with ``keep_thinking=false``, as Kimi-K2.5 drops it).
+
 The tokenizer is a byte-level BPE (GPT-2 / Qwen style) trained with the ``tokenizers`` library on
 the built-in multilingual corpus below, so any unicode text round-trips through byte fallback.
 The output directory loads with ``transformers.AutoTokenizer.from_pretrained(DIR)`` exactly like a
@@ -53,6 +58,36 @@ CHAT_TEMPLATE = (
     "{%- endif -%}"
     "{%- endif -%}"
 )
+
+# The thinking variant. ``enable_thinking=False`` closes an empty think block in the generation
+# prompt (thinking off); ``keep_thinking=False`` renders earlier answers' thinking as an empty
+# block (Kimi-K2.5's template drops it).
+THINK_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{%- if message['role'] == 'assistant' -%}"
+    "{{- '<|im_start|>assistant\\n' -}}"
+    "{%- if message['reasoning_content'] is defined and message['reasoning_content'] is string -%}"
+    "{%- if keep_thinking is defined and keep_thinking is false -%}"
+    "{{- '<think></think>' -}}"
+    "{%- else -%}"
+    "{{- '<think>' + message['reasoning_content'] + '</think>' -}}"
+    "{%- endif -%}"
+    "{%- endif -%}"
+    "{{- message['content'] + '<|im_end|>' + '\\n' -}}"
+    "{%- else -%}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' -}}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}"
+    "{{- '<|im_start|>assistant\\n' -}}"
+    "{%- if enable_thinking is defined and enable_thinking is false -%}"
+    "{{- '<think></think>' -}}"
+    "{%- else -%}"
+    "{{- '<think>' -}}"
+    "{%- endif -%}"
+    "{%- endif -%}"
+)
+THINK_OUT = DEFAULT_OUT.with_name("tiny-chatml-think")
 
 # Training text. Variety matters more than volume: it decides which merges exist, not whether
 # text can be encoded (byte-level BPE encodes every byte sequence).
@@ -157,7 +192,7 @@ def _dump(obj: object) -> str:
     return json.dumps(obj, ensure_ascii=False, indent=2) + "\n"
 
 
-def write(out: Path) -> None:
+def write(out: Path, template: str = CHAT_TEMPLATE) -> None:
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer()
     ids = {token: tokenizer.token_to_id(token) for token in SPECIAL_TOKENS}
@@ -184,7 +219,7 @@ def write(out: Path) -> None:
         "added_tokens_decoder": added_tokens_decoder,
         "additional_special_tokens": ["<|im_start|>", "<|im_end|>", "<think>", "</think>"],
         "bos_token": BOS_TOKEN,
-        "chat_template": CHAT_TEMPLATE,
+        "chat_template": template,
         "clean_up_tokenization_spaces": False,
         "eos_token": EOS_TOKEN,
         "errors": "replace",
@@ -208,8 +243,16 @@ def write(out: Path) -> None:
 FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 
+def write_think(out: Path) -> None:
+    write(out, THINK_TEMPLATE)
+
+
 def main(argv: list[str] | None = None) -> int:
-    return rebuild_main(__doc__.split("\n\n")[0], write, FILES, DEFAULT_OUT, argv)
+    args = list(sys.argv[1:] if argv is None else argv)
+    if "--think" in args:
+        args.remove("--think")
+        return rebuild_main(__doc__.split("\n\n")[0], write_think, FILES, THINK_OUT, args)
+    return rebuild_main(__doc__.split("\n\n")[0], write, FILES, DEFAULT_OUT, args)
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ from report_fixtures import spread_in_time, write_canary, write_telemetry
 from report_page import PNG_SIGNATURE, ReportPage
 
 SECTIONS = {
+    "mix",
     "throughput",
     "load",
     "answer_lengths",

@@ -309,7 +309,7 @@ def test_the_compact_id_set_is_a_set() -> None:
 def test_resuming_a_finished_run_reads_no_record_no_row_and_no_tokenizer(
     finished: Path, tmp_path: Path, sim: SimServerThread, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from eagledata.source import workplan
+    from eagledata.source import mix
     from eagledata.source.tokenization import PromptTokenizer
 
     run = copy_run(finished, tmp_path / "run")
@@ -318,7 +318,7 @@ def test_resuming_a_finished_run_reads_no_record_no_row_and_no_tokenizer(
         raise AssertionError("a finished run needs no tokenizer and no dataset rows")
 
     monkeypatch.setattr(PromptTokenizer, "__init__", forbidden)
-    monkeypatch.setattr(workplan, "iter_rows", forbidden)
+    monkeypatch.setattr(mix, "iter_rows", forbidden)
     monkeypatch.setattr("eagledata.rundir.shardindex.build_index", forbidden)  # indexes only
     summary = pipeline.resume(run, server_urls=[sim.url], progress=False)
     assert (summary.planned, summary.written, summary.left) == (80, 80, 0)

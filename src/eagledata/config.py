@@ -43,6 +43,12 @@ class TokenizerSettings(Strict):
     chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
 
 
+Turns = Literal["last", "all"]
+"""Which assistant turns of a conversation are regenerated: ``last`` (the answer to the last
+user message, earlier answers kept as the dataset has them) or ``all`` (every one, in order,
+each prompted with the regenerated answers before it)."""
+
+
 class GenerationSettings(Strict):
     max_new_tokens: int = Field(4096, ge=1)
     temperature: float = Field(0.6, ge=0.0)
@@ -52,6 +58,16 @@ class GenerationSettings(Strict):
     samples_per_prompt: int = Field(1, ge=1, le=64)
     stop_token_ids: list[int] | None = None
     max_prompt_tokens: int | None = Field(None, ge=1)
+    turns: Turns = Field(
+        "last",
+        description="'last': regenerate the last assistant turn; 'all': every assistant turn, "
+        "in order, each prompted with the regenerated answers before it",
+    )
+    dedupe: bool = Field(
+        True,
+        description="Generate a prompt (the same prompt ids) once: later copies are skipped "
+        "with the reason 'duplicate'",
+    )
 
     @field_validator("top_k")
     @classmethod
@@ -85,8 +101,64 @@ class DatasetSettings(Strict):
     id_field: str | None = Field(None, description="Column holding a stable id; row index if none")
     prompt_field: str = "prompt"
     system_prompt: str | None = None
+    # Generation settings of this dataset alone (None: the run's [generation] / [tokenizer]).
+    temperature: float | None = Field(None, ge=0.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    max_new_tokens: int | None = Field(None, ge=1)
+    samples_per_prompt: int | None = Field(None, ge=1, le=64)
+    chat_template_kwargs: dict[str, Any] | None = Field(
+        None, description="Merged over tokenizer.chat_template_kwargs (e.g. thinking on or off)"
+    )
+    turns: Turns | None = None
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    def generation(self, base: GenerationSettings) -> GenerationSettings:
+        """``base`` with this dataset's own values in place of the run's."""
+        own = {
+            name: getattr(self, name)
+            for name in DATASET_GENERATION_FIELDS
+            if getattr(self, name) is not None
+        }
+        return base.model_copy(update=own) if own else base
+
+    def template_kwargs(self, base: dict[str, Any]) -> dict[str, Any]:
+        """The ``chat_template_kwargs`` its prompts are rendered with: the tokenizer's, then its
+        own over them."""
+        return {**base, **(self.chat_template_kwargs or {})}
+
+
+DATASET_GENERATION_FIELDS = (
+    "temperature",
+    "top_p",
+    "max_new_tokens",
+    "samples_per_prompt",
+    "turns",
+)
+"""The ``[generation]`` settings a ``[datasets.NAME]`` entry may set for itself."""
+
+
+class MixSettings(Strict):
+    """``[mixes.NAME]``: several datasets in one run, each a row count or a share of its rows."""
+
+    seed: int = Field(0, description="Which rows a share or a row count takes")
+    datasets: dict[str, int | float] = Field(
+        min_length=1,
+        description="dataset -> rows (an integer: that many of its rows) or share (a number in "
+        "(0, 1]: that fraction of its rows), chosen with the seed",
+    )
+
+    @field_validator("datasets")
+    @classmethod
+    def _amounts(cls, datasets: dict[str, int | float]) -> dict[str, int | float]:
+        for name, amount in datasets.items():
+            if isinstance(amount, bool):
+                raise ValueError(f"{name}: a row count (integer) or a share (0 < share <= 1)")
+            if isinstance(amount, int) and amount < 1:
+                raise ValueError(f"{name}: a row count must be at least 1, got {amount}")
+            if isinstance(amount, float) and not 0.0 < amount <= 1.0:
+                raise ValueError(f"{name}: a share must be in (0, 1], got {amount}")
+        return datasets
 
 
 class SimulatedServerSettings(Strict):
@@ -214,7 +286,19 @@ class AppConfig(Strict):
     run: RunSettings = Field(default_factory=RunSettings)
     load: LoadSettings = Field(default_factory=LoadSettings)
     datasets: dict[str, DatasetSettings] = Field(default_factory=dict)
+    mixes: dict[str, MixSettings] = Field(default_factory=dict)
     canary: CanarySettings = Field(default_factory=CanarySettings)
+
+    @field_validator("datasets", "mixes")
+    @classmethod
+    def _names_without_slash(cls, table: dict[str, Any]) -> dict[str, Any]:
+        for name in table:
+            if not name or "/" in name:
+                raise ValueError(
+                    f"{name!r}: a name may not be empty or hold '/' (it starts every record id)"
+                )
+        return table
+
     # the file it was read from, for errors that name a setting (not part of the settings)
     _source: str | None = PrivateAttr(default=None)
 
@@ -223,11 +307,26 @@ class AppConfig(Strict):
         return self._source
 
 
+class MixMember(Strict):
+    """One dataset of a run: its settings, and what share or count of its rows the run takes."""
+
+    name: str
+    dataset: DatasetSettings
+    rows: int | None = Field(None, ge=1, description="Take this many of its rows")
+    share: float | None = Field(None, gt=0.0, le=1.0, description="Take this share of its rows")
+
+
 class FrozenSettings(Strict):
-    """Everything that shapes the data of a run. Changing any of it would mix two datasets."""
+    """Everything that shapes the data of a run. Changing any of it would mix two datasets.
+
+    A run of one whole dataset keeps the shape runs always had (``dataset_name``, ``dataset``);
+    a run of several (``--dataset`` repeated, or a ``[mixes.NAME]``) lists them in ``mix``.
+    """
 
     dataset_name: str
-    dataset: DatasetSettings
+    dataset: DatasetSettings | None = None
+    mix: list[MixMember] = Field(default_factory=list)
+    mix_seed: int = 0
     tokenizer: TokenizerSettings
     generation: GenerationSettings
     limit: int | None
@@ -236,11 +335,16 @@ class FrozenSettings(Strict):
     bf16_kv_bytes_per_token: int | None
 
     @classmethod
-    def of(cls, config: AppConfig, dataset_name: str, dataset: DatasetSettings) -> FrozenSettings:
-        """What a run started with ``config`` on ``dataset`` freezes."""
+    def of(
+        cls, config: AppConfig, name: str, members: list[MixMember], seed: int = 0
+    ) -> FrozenSettings:
+        """What a run started with ``config`` on ``members`` (its datasets) freezes."""
+        single = len(members) == 1 and members[0].rows is None and members[0].share is None
         return cls(
-            dataset_name=dataset_name,
-            dataset=dataset,
+            dataset_name=name,
+            dataset=members[0].dataset if single else None,
+            mix=[] if single else list(members),
+            mix_seed=0 if single else seed,
             tokenizer=config.tokenizer,
             generation=config.generation,
             limit=config.run.limit,
@@ -248,6 +352,14 @@ class FrozenSettings(Strict):
             expected_model=config.server.expected_model,
             bf16_kv_bytes_per_token=config.server.bf16_kv_bytes_per_token,
         )
+
+    def members(self) -> list[MixMember]:
+        """The run's datasets, in the order the plan interleaves them."""
+        if self.mix:
+            return list(self.mix)
+        if self.dataset is None:
+            raise ConfigError("frozen settings name no dataset")
+        return [MixMember(name=self.dataset_name, dataset=self.dataset)]
 
     def fingerprint(self) -> str:
         blob = orjson.dumps(

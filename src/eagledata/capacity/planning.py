@@ -17,8 +17,10 @@ from eagledata.config import AppConfig
 from eagledata.errors import ConfigError, ItemError
 from eagledata.profiles.profile import Profile, ThroughputSection
 from eagledata.server.serverfacts import ServerFacts
-from eagledata.source.dataset import ResolvedDataset, check_local_source, count_rows, iter_rows
-from eagledata.source.prompts import to_messages
+from eagledata.source.conversations import split_turns
+from eagledata.source.dataset import ResolvedDataset, check_local_source
+from eagledata.source.mix import Mix, member_row_count, mix_rows
+from eagledata.source.prompts import row_messages, to_messages
 from eagledata.source.tokenization import PromptTokenizer
 
 CARD_ACCEPT_LENGTH = 2.8
@@ -28,31 +30,61 @@ has not verified anything yet."""
 
 def measure_workload(
     config: AppConfig,
-    dataset: ResolvedDataset,
+    mix: Mix,
     *,
     sample_rows: int,
     mean_output_tokens: float | None,
 ) -> Workload:
-    """Tokenize the first ``sample_rows`` prompts exactly as ``generate`` would."""
-    check_local_source(dataset, config.source)  # before the tokenizer is fetched
+    """Tokenize the first ``sample_rows`` rows exactly as ``generate`` would, each dataset with
+    its own settings. A dataset that regenerates every turn counts one request per turn: turn
+    k's prompt is its conversation's messages up to its k-th user message plus k earlier answers
+    of the expected answer length (the regenerated answers do not exist yet)."""
+    for member in mix.members:  # before the tokenizer is fetched
+        check_local_source(ResolvedDataset(member.name, member.dataset), config.source)
     tokenizer = PromptTokenizer(config.tokenizer)
+    generation = config.generation
+    longest = max(member.dataset.generation(generation).max_new_tokens for member in mix.members)
+    answer_tokens = mean_output_tokens if mean_output_tokens is not None else longest
     lengths: list[int] = []
-    for row in itertools.islice(iter_rows(dataset.settings, config.run.limit), sample_rows):
+    requests: dict[str, list[int]] = {member.name: [0, 0] for member in mix.members}
+    for member, row in itertools.islice(mix_rows(mix, config.run.limit), sample_rows):
         if row.data is None:
             continue
+        own = member.dataset.generation(generation)
+        kwargs = member.dataset.template_kwargs(config.tokenizer.chat_template_kwargs)
         try:
-            lengths.append(len(tokenizer.encode(to_messages(row.data, dataset.settings))))
+            if own.turns == "all":
+                segments = split_turns(row_messages(row.data, member.dataset))
+                turns = [
+                    len(tokenizer.encode([m for s in segments[: k + 1] for m in s], kwargs))
+                    + round(k * answer_tokens)
+                    for k in range(len(segments))
+                ]
+            else:
+                turns = [len(tokenizer.encode(to_messages(row.data, member.dataset), kwargs))]
         except ItemError:
             continue  # bad rows never reach the server, so they do not load it either
+        lengths.extend(turns)
+        requests[member.name][0] += 1
+        requests[member.name][1] += len(turns) * own.samples_per_prompt
     if not lengths:
-        raise ConfigError(f"dataset {dataset.name}: no usable prompt in the first {sample_rows}")
-    total_rows = count_rows(dataset.settings, config.run.limit)
+        raise ConfigError(f"dataset {mix.name}: no usable prompt in the first {sample_rows}")
+    total = 0.0
+    for member in mix.members:
+        rows, sampled = requests[member.name]
+        if not rows:
+            continue
+        count = member_row_count(member, config.run.limit)
+        total += (count if count is not None else rows) * sampled / rows
+    samples = {member.dataset.generation(generation).samples_per_prompt for member in mix.members}
+    # one request a turn of a sample: samples stay apart where every dataset has the same
+    per_prompt = samples.pop() if len(samples) == 1 else 1
     return Workload.from_prompt_lengths(
         lengths,
-        max_new_tokens=config.generation.max_new_tokens,
+        max_new_tokens=longest,
         mean_output_tokens=mean_output_tokens,
-        num_prompts=total_rows if total_rows is not None else len(lengths),
-        samples_per_prompt=config.generation.samples_per_prompt,
+        num_prompts=max(1, round(total / per_prompt)),
+        samples_per_prompt=per_prompt,
     )
 
 

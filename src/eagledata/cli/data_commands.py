@@ -20,12 +20,13 @@ from eagledata.cli.shell import (
 
 def generate(
     dataset: Annotated[
-        str,
+        list[str],
         typer.Option(
             "--dataset",
             "-d",
             metavar="NAME|PATH",
-            help="Config dataset name, a .jsonl/.json/.parquet file, or a hub id",
+            help="Config dataset or mix name, a .jsonl/.json/.parquet file, or a hub id; repeat "
+            "it for one run of several datasets",
         ),
     ],
     config: ConfigOpt = None,
@@ -44,6 +45,14 @@ def generate(
     ] = None,
     concurrency: ConcurrencyOpt = None,
     samples: Annotated[int | None, typer.Option(metavar="N", help="Samples per prompt")] = None,
+    turns: Annotated[
+        str | None,
+        typer.Option(
+            metavar="last|all",
+            help="Regenerate the last assistant turn of each conversation (default), or all of "
+            "them in order, each prompted with the regenerated answers before it",
+        ),
+    ] = None,
     progress: ProgressOpt = True,
     no_canary: Annotated[
         bool, typer.Option("--no-canary", help="No logprob canary (frozen for the run)")
@@ -64,6 +73,7 @@ def generate(
         "run.limit": limit,
         "generation.max_new_tokens": max_new_tokens,
         "generation.samples_per_prompt": samples,
+        "generation.turns": turns,
         "run.concurrency": concurrency,
     }
     if server:  # an explicit --server replaces the simulated one of a demo config

@@ -132,11 +132,19 @@ def plan(
         list[str] | None, typer.Option(help="Profile to plan; repeat; default: all")
     ] = None,
     dataset: Annotated[
-        str | None, typer.Option(help="Measure prompt lengths on this dataset (a sample)")
+        list[str] | None,
+        typer.Option(
+            help="Measure prompt lengths on this dataset or mix (a sample); repeat for several. "
+            "A dataset with turns = all counts one request per turn"
+        ),
     ] = None,
     config: ConfigOpt = None,
     server: ServerOpt = None,
     sample_rows: Annotated[int, typer.Option(help="Prompts to tokenize for the sample")] = 2000,
+    turns: Annotated[
+        str | None,
+        typer.Option(metavar="last|all", help="Plan for regenerating the last turn or all turns"),
+    ] = None,
     mean_output_tokens: Annotated[
         float | None,
         typer.Option(
@@ -163,14 +171,14 @@ def plan(
     from eagledata.profiles.profile import load_profiles
     from eagledata.server.launch import fetch_server_info
     from eagledata.server.serverfacts import ServerFacts
-    from eagledata.source.dataset import resolve_dataset
+    from eagledata.source.mix import resolve_mix
 
     def build() -> str:
-        if dataset is not None:
-            app_config = load_app_config(config, {})
+        if dataset:
+            app_config = load_app_config(config, {"generation.turns": turns})
             workload = measure_workload(
                 app_config,
-                resolve_dataset(dataset, app_config.datasets),
+                resolve_mix(dataset, app_config),
                 sample_rows=sample_rows,
                 mean_output_tokens=mean_output_tokens,
             )

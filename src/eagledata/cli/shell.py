@@ -75,6 +75,7 @@ FLAG_NAMES = {
     "run.limit": "--limit",
     "generation.max_new_tokens": "--max-new-tokens",
     "generation.samples_per_prompt": "--samples",
+    "generation.turns": "--turns",
     "run.concurrency": "--concurrency",
 }
 """The flag that sets each override, so a bad value is blamed on the flag, not the file."""

@@ -9,8 +9,9 @@ The answer is built from ``output_ids``, never from ``text`` (a server decoding 
 ``skip_special_tokens`` deletes special think tags from ``text``): the stop token is dropped, the
 ids are split at the first think-end token, and each side is decoded with the run's tokenizer,
 surrounding whitespace stripped (as SGLang's reasoning parser does), no think markers left in
-either field. The prompt messages are the ones sent, system message included: SpecForge injects its
-template's default system prompt into a conversation without one.
+either field (``source/answers.py``: the same message ``turns = "all"`` sends back as the next
+turn's context). The prompt messages are the ones sent, system message included: SpecForge
+injects its template's default system prompt into a conversation without one.
 
 Lossy by construction: the trainer's template decides what it renders. A template that drops
 ``reasoning_content`` when it renders history (Kimi-K2/K2.5: SpecForge's own fixture shows an empty
@@ -20,89 +21,21 @@ That is probed on the run's own template, warned about and counted in the report
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from eagledata.export.format import ExportFormat, RowIdentity
 from eagledata.export.output import write_jsonl
 from eagledata.export.report import ExportReport
 from eagledata.rundir.lines import RecordLine
+from eagledata.source.answers import AnswerReader
 
-THINK_START = "<think>"
-THINK_END = "</think>"
+PROMPT_KEYS = ("role", "content", "reasoning_content")
+"""What a prompt message keeps: an earlier answer regenerated under ``turns = "all"`` carries its
+thinking as ``reasoning_content``."""
+
 NO_ANSWER = "no_answer"
 _PROBE_REASONING = "eagledata-reasoning-probe-7f3a"
 _PROBE_ANSWER = "eagledata-answer-probe-7f3a"
-
-
-def single_token_id(tokenizer: Any, token: str) -> int | None:
-    """The id of ``token`` if the tokenizer has it as one token, else None."""
-    ids = tokenizer.encode(token, add_special_tokens=False)
-    return int(ids[0]) if len(ids) == 1 else None
-
-
-@dataclass(frozen=True, slots=True)
-class AnswerParts:
-    reasoning: str
-    content: str
-    reasoning_tokens: int
-
-
-class ThinkSplitter:
-    """Splits ``output_ids`` into thinking and answer at the model's think-end token."""
-
-    def __init__(self, tokenizer: Any) -> None:
-        self.tokenizer = tokenizer
-        self.think_start = single_token_id(tokenizer, THINK_START)
-        self.think_end = single_token_id(tokenizer, THINK_END)
-        self.special_ids = frozenset(int(i) for i in getattr(tokenizer, "all_special_ids", []))
-
-    @property
-    def has_thinking(self) -> bool:
-        return self.think_end is not None
-
-    def _decode(self, ids: Sequence[int]) -> str:
-        text = self.tokenizer.decode(
-            list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False
-        )
-        return str(text).strip()
-
-    def _without_stop(self, record: RecordLine) -> list[int]:
-        output = list(record.output_ids)
-        if output and record.finish_reason == "stop":
-            last = output[-1]
-            if last == record.matched_token_id or last in self.special_ids:
-                output.pop()
-        return output
-
-    def _prompt_opens_think(self, prompt: Sequence[int]) -> bool:
-        """True when the generation prompt ends inside a think block (K2.5 prefills ``<think>``)."""
-        if self.think_start is None:
-            return False
-        for token in reversed(prompt):
-            if token == self.think_end:
-                return False
-            if token == self.think_start:
-                return True
-        return False
-
-    def split(self, record: RecordLine) -> AnswerParts:
-        output = self._without_stop(record)
-        if not self.has_thinking:
-            return AnswerParts("", self._decode(output), 0)
-        in_think = self._prompt_opens_think(record.input_ids)
-        if output and output[0] == self.think_start:  # the model opened the block itself
-            output = output[1:]
-            in_think = True
-        if self.think_end in output:
-            end = output.index(self.think_end)
-            thinking, answer = output[:end], output[end + 1 :]
-        elif in_think:  # cut inside its thinking: no answer yet
-            thinking, answer = output, []
-        else:
-            thinking, answer = [], output
-        return AnswerParts(self._decode(thinking), self._decode(answer), len(thinking))
 
 
 def template_drops_reasoning(tokenizer: Any, template_kwargs: dict[str, Any]) -> bool | None:
@@ -128,13 +61,15 @@ class ConversationBuilder:
     def __init__(self, tokenizer: Any, template_kwargs: dict[str, Any] | None = None) -> None:
         self.tokenizer = tokenizer
         self.template_kwargs = dict(template_kwargs or {})
-        self.splitter = ThinkSplitter(tokenizer)
+        self.splitter = AnswerReader(tokenizer, strip=True)
         self.rows_with_reasoning = 0
         self.reasoning_tokens = 0
         self.rows_without_system = 0
 
     def row(self, record: RecordLine, who: RowIdentity) -> dict[str, Any] | str:
-        parts = self.splitter.split(record)
+        parts = self.splitter.split(
+            record.input_ids, record.output_ids, record.finish_reason, record.matched_token_id
+        )
         if not parts.content:
             # role validators (SpecForge's validate_row) refuse an empty assistant answer
             return NO_ANSWER
@@ -144,7 +79,7 @@ class ConversationBuilder:
         if parts.reasoning:
             self.rows_with_reasoning += 1
             self.reasoning_tokens += parts.reasoning_tokens
-        messages = [{"role": str(m["role"]), "content": str(m["content"])} for m in record.messages]
+        messages = [{key: str(m[key]) for key in PROMPT_KEYS if key in m} for m in record.messages]
         if not messages or messages[0]["role"] != "system":
             self.rows_without_system += 1
         return {"id": who.id, "status": "success", "conversations": [*messages, answer]}

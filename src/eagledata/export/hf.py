@@ -53,6 +53,8 @@ def hf_features() -> Any:
                 "finish_reason": Value("string"),
                 "prompt_tokens": Value("int32"),
                 "completion_tokens": Value("int32"),
+                "conversation_id": Value("string"),
+                "turn": Value("int32"),
             },
         }
     )

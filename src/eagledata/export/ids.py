@@ -2,8 +2,11 @@
 
 Each line is ``{"id", "primary_id", "input_ids": P + O, "loss_mask": [0]*|P| + [1]*|O|,
 "metadata"}``, P the record's ``input_ids`` (exactly the ids sent), O its ``output_ids`` (exactly
-the ids returned, stop token included and supervised). The mask is token-aligned and unshifted:
-``loss_mask[i] == 1`` iff ``input_ids[i]`` was generated; the trainers shift it themselves.
+the ids returned, stop token included and supervised). Under ``turns = "all"`` a record is one
+turn: one row per turn, its P the conversation so far (earlier answers as the template rendered
+them, unsupervised here: each is supervised in its own turn's row). The mask is token-aligned
+and unshifted: ``loss_mask[i] == 1`` iff ``input_ids[i]`` was generated; the trainers shift it
+themselves.
 
 Readers, from their own source (docs/export.md, "What the trainers read"): SpecForge 0.2.0
 ``prepare_prompt_tasks`` (``data.prompts_path``) treats a file whose first record has both keys as
@@ -37,6 +40,10 @@ def ids_row(record: RecordLine, who: RowIdentity) -> dict[str, Any]:
             "finish_reason": record.finish_reason,
             "prompt_tokens": len(prompt),
             "completion_tokens": len(output),
+            # the conversation and turn of the row (turns = "all": one row per turn); a record
+            # from before turns existed is its own conversation's only turn
+            "conversation_id": record.conversation_id or record.id,
+            "turn": record.turn or 0,
         },
     }
 

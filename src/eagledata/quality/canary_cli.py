@@ -22,18 +22,18 @@ from eagledata.server.client import SGLangClient
 from eagledata.server.guard import KVGuard
 from eagledata.server.serverfacts import ServerFacts, evaluate_kv_guard
 from eagledata.simserver.demo import simulated_server
-from eagledata.source.dataset import ResolvedDataset, resolve_dataset
+from eagledata.source.mix import Mix, resolve_mix
 from eagledata.source.tokenization import LengthLimit, PromptTokenizer
 from eagledata.tasks import run_until_done
 
 
 def record_baseline(config: AppConfig, dataset_arg: str, out: Path) -> str:
-    dataset = resolve_dataset(dataset_arg, config.datasets)
+    mix = resolve_mix([dataset_arg], config)
     with simulated_server(config) as live:
-        return run_until_done(_record(live, dataset_arg, dataset, out))
+        return run_until_done(_record(live, dataset_arg, mix, out))
 
 
-async def _record(config: AppConfig, dataset_arg: str, dataset: ResolvedDataset, out: Path) -> str:
+async def _record(config: AppConfig, dataset_arg: str, mix: Mix, out: Path) -> str:
     tokenizer = await asyncio.to_thread(PromptTokenizer, config.tokenizer)
     url = config.server.urls[0]
     client = _client(config, url, in_flight=config.canary.load_requests + 2)
@@ -51,7 +51,7 @@ async def _record(config: AppConfig, dataset_arg: str, dataset: ResolvedDataset,
             context_length=facts.context_length,
             max_new_tokens=config.canary.reference_tokens,
         )
-        prompts = await asyncio.to_thread(canary_prompts, config, dataset, tokenizer, limit)
+        prompts = await asyncio.to_thread(canary_prompts, config, mix, tokenizer, limit)
         baseline = await build_baseline(
             CanaryScorer(client, dp_ranks=guard.dp_ranks),
             url,

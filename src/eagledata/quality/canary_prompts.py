@@ -1,23 +1,25 @@
-"""The canary's prompts, taken from the run's own dataset and templated exactly as production."""
+"""The canary's prompts, taken from the run's own datasets and templated exactly as production."""
 
 from __future__ import annotations
 
 from eagledata.config import AppConfig
-from eagledata.source.dataset import ResolvedDataset
+from eagledata.source.mix import Mix
 from eagledata.source.tokenization import LengthLimit, PromptTokenizer
 from eagledata.source.workplan import WorkItem, WorkPlan
 
 
 def canary_prompts(
-    config: AppConfig, dataset: ResolvedDataset, tokenizer: PromptTokenizer, limit: LengthLimit
+    config: AppConfig, mix: Mix, tokenizer: PromptTokenizer, limit: LengthLimit
 ) -> list[list[int]]:
-    """The canary's prompts: the first distinct prompts of the run's own dataset, templated
-    exactly as production, short enough for prompt + reference to fit."""
+    """The canary's prompts: the first distinct prompts of the run's own datasets (in the order
+    the plan takes them; a conversation's first turn), templated exactly as production, short
+    enough for prompt + reference to fit."""
     settings = config.canary
     cap = min(limit.max_prompt_tokens or settings.max_prompt_tokens, settings.max_prompt_tokens)
     plan = WorkPlan(
-        dataset,
-        samples_per_prompt=1,
+        mix,
+        generation=config.generation.model_copy(update={"dedupe": False}),
+        template_kwargs=config.tokenizer.chat_template_kwargs,
         row_limit=config.run.limit,
         tokenizer=tokenizer,
         limit=LengthLimit(cap, "canary.max_prompt_tokens"),

@@ -15,6 +15,7 @@ from typing import Any
 import orjson
 
 from eagledata import __version__
+from eagledata.report.mix import mix_table
 from eagledata.report.rundata import RunData
 from eagledata.report.sections import WIDTH_IN, Plot, duration
 from eagledata.rundir.rates import MIN_RATED_S, TOO_SHORT
@@ -56,6 +57,11 @@ img { display:block; max-width:100%; height:auto; }
 .pair { display:grid; grid-template-columns:1fr 1fr; gap:24px; }
 .pair > section { border-top:none; padding-top:0; }
 @media (max-width: 900px) { .pair { grid-template-columns:1fr; } }
+table.mix { border-collapse:collapse; width:100%; font-size:13px; margin:4px 0 8px; }
+table.mix th { text-align:left; font-weight:500; color:var(--muted); padding:4px 8px 4px 0;
+               vertical-align:bottom; border-bottom:1px solid var(--line); }
+table.mix td { padding:4px 8px 4px 0; border-top:1px solid #eaeef2; vertical-align:top;
+               font-variant-numeric:tabular-nums; }
 details { margin-top:10px; color:var(--muted); }
 pre { background:var(--bg); padding:10px; border-radius:6px; overflow:auto; font-size:12px; }
 footer { color:var(--muted); font-size:12px; border-top:1px solid var(--line); padding-top:10px;
@@ -290,6 +296,7 @@ def render_page(data: RunData, plots: list[list[Plot]]) -> str:
 <table class="headline" id="headline">{rows}</table>
 <details><summary>the same numbers as <code>eagledata status --json</code></summary>
 <pre id="status-json">{escape(status_json)}</pre></details>
+<section id="mix"><h2>The mix: per dataset</h2>{mix_table(status, data.records)}</section>
 {"".join(body)}
 <footer>Made by eagledata {escape(__version__)} at {_utc(data.generated_at)} from committed data
 only (sealed shards and whole journal lines); a run in progress has moved on since.{skipped}

@@ -1,7 +1,8 @@
 """The few fields of every committed record that the report draws, read without parsing ids.
 
 A record of the reference job is ~5k prompt and answer ids plus their text: 30-50 KB of JSON of
-which the report needs under 200 bytes (times, lengths, finish reason, flags). Parsing every line
+which the report needs under 200 bytes (times, lengths, finish reason, flags, dataset, turn, the
+newest user message's start for its writing system). Parsing every line
 with ``orjson.loads`` builds ~10k Python ints per record only to drop them; this module finds each
 wanted top-level key with ``bytes.find`` and parses only its value. That is safe on our own lines:
 orjson writes no whitespace, and inside a JSON string every ``"`` is escaped, so ``"key":`` can
@@ -28,6 +29,7 @@ from typing import Any
 
 import orjson
 
+from eagledata.report.scripts import dominant_script, script_letters
 from eagledata.rundir.journal import SHARD_PATTERN
 
 # A JSON scalar, or a flat list of strings (``flags``), at the start of a value.
@@ -42,13 +44,29 @@ _VALUE = re.compile(
     + rb")*)?\]"
 )
 
+_STRING_VALUE = re.compile(_STRING)
+
 # Where each key sits in our records (run/records.py writes the small fields first, then the
 # ids and text, then provenance): searched from that end. Only speed depends on it: a key
 # occurs once in a line, so find and rfind return the same place.
-_HEAD = ("created_at", "prompt_tokens", "completion_tokens", "finish_reason")
-_TAIL = ("flags",)
+_HEAD = (
+    "dataset",
+    "turn",
+    "conversation_turns",
+    "created_at",
+    "prompt_tokens",
+    "completion_tokens",
+    "finish_reason",
+)
+_TAIL = ("flags", "reasoning_tokens")
 _KEYS = {name: b'"' + name.encode() + b'":' for name in _HEAD + _TAIL}
-_REQUIRED = _HEAD
+_REQUIRED = ("created_at", "prompt_tokens", "completion_tokens", "finish_reason")
+_OPTIONAL_INTS = ("turn", "conversation_turns", "reasoning_tokens")
+# The prompt's newest user message: the last one in ``messages`` (written role first), which
+# ends where ``input_ids`` begins.
+_MESSAGES = b'"messages":'
+_MESSAGES_END = b'],"input_ids":'
+_USER = b'{"role":"user","content":'
 
 
 Buffer = bytes | bytearray
@@ -71,16 +89,48 @@ def _field(buf: Buffer, start: int, end: int, name: str) -> Any:
     return orjson.loads(match.group())
 
 
-def fields_in(buf: Buffer, start: int, end: int) -> dict[str, Any]:
+def _newest_user_text(buf: Buffer, start: int, end: int) -> str | None:
+    at = buf.find(_MESSAGES, start, end)
+    if at < 0:
+        raise _Odd
+    stop = buf.find(_MESSAGES_END, at, end)
+    user = buf.rfind(_USER, at, end if stop < 0 else stop)
+    if user < 0:
+        return None  # no user message (or not written our way: nothing drawn from it)
+    match = _STRING_VALUE.match(buf, user + len(_USER), end)
+    if match is None:
+        raise _Odd
+    text = orjson.loads(match.group())
+    return text if isinstance(text, str) else None
+
+
+def _newest_user_of(record: dict[str, Any]) -> str | None:
+    messages = record.get("messages")
+    if not isinstance(messages, list):
+        return None
+    for message in reversed(messages):
+        if isinstance(message, dict) and message.get("role") == "user":
+            content = message.get("content")
+            return content if isinstance(content, str) else None
+    return None
+
+
+def fields_in(buf: Buffer, start: int, end: int, *, prompt_text: bool = False) -> dict[str, Any]:
     """The report's fields of the record line ``buf[start:end]`` (newline excluded);
-    ``flags`` is None when the record does not carry it (written before flags existed)."""
+    ``flags`` is None when the record does not carry it (written before flags existed), and so
+    are ``dataset``, ``turn``, ``conversation_turns`` and ``reasoning_tokens`` in records
+    written before them. ``prompt_text`` adds ``user_text``: the newest user message."""
     try:
         fields = {name: _field(buf, start, end, name) for name in _KEYS}
+        if prompt_text:
+            fields["user_text"] = _newest_user_text(buf, start, end)
         _check_types(fields)
         return fields
     except (_Odd, orjson.JSONDecodeError):
         record = orjson.loads(buf[start:end])
         fields = {name: record.get(name) for name in _KEYS}
+        if prompt_text:
+            fields["user_text"] = _newest_user_of(record)
         _check_types(fields, strict=False)
         return fields
 
@@ -97,6 +147,8 @@ def _check_types(fields: dict[str, Any], strict: bool = True) -> None:
         and type(fields["completion_tokens"]) is int
         and isinstance(fields["finish_reason"], str)
         and (fields["flags"] is None or isinstance(fields["flags"], list))
+        and (fields["dataset"] is None or isinstance(fields["dataset"], str))
+        and all(fields[name] is None or type(fields[name]) is int for name in _OPTIONAL_INTS)
     )
     if ok:
         return
@@ -110,6 +162,11 @@ def _check_types(fields: dict[str, Any], strict: bool = True) -> None:
         fields["finish_reason"] = "?"
     if not isinstance(fields["flags"], list):
         fields["flags"] = None
+    if not isinstance(fields["dataset"], str):
+        fields["dataset"] = None
+    for name in _OPTIONAL_INTS:
+        if type(fields[name]) is not int:
+            fields[name] = None
 
 
 def _number(value: Any) -> float:
@@ -170,6 +227,45 @@ def committed_lines(run_dir: Path) -> Iterator[bytes]:
 
 
 @dataclass
+class DatasetSeries:
+    """One dataset's records, for the report's mix table (``report/mix.py``)."""
+
+    prompt_tokens: array[int] = field(default_factory=lambda: array("q"))
+    completion_tokens: array[int] = field(default_factory=lambda: array("q"))
+    reasoning_tokens: int = 0
+    reasoning_counted: int = 0
+    """Output tokens of the records that say how many of them were thinking."""
+    conversations: Counter[int] = field(default_factory=Counter)
+    """Conversations by their regenerated turns (counted at each conversation's first turn)."""
+    letters: Counter[str] = field(default_factory=Counter)
+    """Letters of the newest user messages, per script."""
+    prompts_by_script: Counter[str] = field(default_factory=Counter)
+    """Records by the script most of their newest user message is written in."""
+
+    @property
+    def records(self) -> int:
+        return len(self.prompt_tokens)
+
+    def add(self, fields: dict[str, Any]) -> None:
+        self.prompt_tokens.append(fields["prompt_tokens"])
+        self.completion_tokens.append(fields["completion_tokens"])
+        reasoning = fields["reasoning_tokens"]
+        if reasoning is not None:
+            self.reasoning_tokens += reasoning
+            self.reasoning_counted += fields["completion_tokens"]
+        turn, turns = fields["turn"], fields["conversation_turns"]
+        if turn in (None, 0):
+            self.conversations[turns or 1] += 1
+        text = fields.get("user_text")
+        if text:
+            letters = script_letters(text)
+            self.letters.update(letters)
+            script = dominant_script(letters)
+            if script is not None:
+                self.prompts_by_script[script] += 1
+
+
+@dataclass
 class RecordSeries:
     """Per-record numbers in file order (25 bytes each), and counts.
 
@@ -186,6 +282,7 @@ class RecordSeries:
     # records that carry a ``flags`` list (older records do not), and those with any flag
     with_flags_field: int = 0
     flagged: int = 0
+    datasets: dict[str, DatasetSeries] = field(default_factory=dict)
 
     @property
     def records(self) -> int:
@@ -203,6 +300,11 @@ class RecordSeries:
             if flags:
                 self.flagged += 1
                 self.flags.update(str(flag) for flag in flags)
+        name = fields["dataset"] or "?"
+        series = self.datasets.get(name)
+        if series is None:
+            series = self.datasets[name] = DatasetSeries()
+        series.add(fields)
 
 
 def scan_records(run_dir: Path) -> RecordSeries:
@@ -210,5 +312,5 @@ def scan_records(run_dir: Path) -> RecordSeries:
     series = RecordSeries()
     for handle in committed_files(run_dir):
         for buf, start, end in line_spans(handle):
-            series.add(fields_in(buf, start, end))
+            series.add(fields_in(buf, start, end, prompt_text=True))
     return series

@@ -44,8 +44,7 @@ class ItemSender:
         policy: RetryPolicy,
         sampling_params: dict[str, Any],
         down_deadline_s: float,
-        dataset_name: str,
-        on_failure: Callable[[], None],
+        on_failure: Callable[[WorkItem], None],
         load: LoadController | None = None,
         stopped: asyncio.Event | None = None,
     ) -> None:
@@ -56,8 +55,8 @@ class ItemSender:
         self.policy = policy
         self.sampling_params = sampling_params
         self.down_deadline_s = down_deadline_s
-        self.dataset_name = dataset_name
         self.on_failure = on_failure
+        """Called with each item that ended in the failure file."""
         self.load = load
         """Under ``--concurrency auto``: the gate each attempt passes, and where it goes."""
         self.stopped = stopped if stopped is not None else asyncio.Event()
@@ -114,8 +113,9 @@ class ItemSender:
     async def send(self, item: WorkItem) -> None:
         client = self.client
         # sampling_seed makes each sample reproducible on servers started with
-        # --enable-deterministic-inference; other servers ignore it.
-        params = {**self.sampling_params, "sampling_seed": item.sample}
+        # --enable-deterministic-inference; other servers ignore it. A dataset of a mix may
+        # sample with settings of its own (``item.params``).
+        params = {**(item.params or self.sampling_params), "sampling_seed": item.sample}
         attempts = 0
         first_failure: float | None = None
         while not self.stopped.is_set():
@@ -186,13 +186,14 @@ class ItemSender:
         self.failures.write(
             failure_line(
                 item_id=item.item_id,
-                dataset=self.dataset_name,
+                dataset=item.dataset,
                 row_id=item.row_id,
                 sample=item.sample,
                 reason=exc.reason,
                 message=str(exc),
                 attempts=attempts,
+                prompt_key=item.prompt_key,
             )
         )
-        self.on_failure()
         self.progress.advance()
+        self.on_failure(item)

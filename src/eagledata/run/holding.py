@@ -73,6 +73,8 @@ class HoldAndRelease(Generic[T]):
         self._passed: dict[tuple[str, str], float] = {}
         """(check name, server) -> monotonic start of that check's last pass there."""
         self._wake = asyncio.Event()
+        self._asked: str | None = None
+        """A round asked for now (``request_round``): its trigger."""
 
     @property
     def held(self) -> int:
@@ -85,6 +87,13 @@ class HoldAndRelease(Generic[T]):
         self._held.append(Held(payload, server, completed_at))
         if len(self._held) >= self.max_held:
             self._wake.set()
+
+    def request_round(self, trigger: str) -> None:
+        """Run every check now, with ``trigger``, instead of at the next period or when
+        ``max_held`` results wait: for a caller that can do nothing until held results land
+        (the next turns of conversations, ``run/turns.py``)."""
+        self._asked = trigger
+        self._wake.set()
 
     async def run_check(self, check: ServerCheck, url: str, trigger: str) -> None:
         """Run one check; a pass vouches for what completed on ``url`` before it started."""
@@ -144,8 +153,9 @@ class HoldAndRelease(Generic[T]):
                 async with asyncio.timeout(self.interval_s):
                     await self._wake.wait()
             self._wake.clear()
+            asked, self._asked = self._asked, None
             await self.client.revive(self.check_reconnected)
-            await self.check_and_release()
+            await self.check_and_release(force=asked)
 
     def _give_back(self, server: str | None = None) -> None:
         """Hand the results held from ``server`` (from every server if None) to ``requeue``."""

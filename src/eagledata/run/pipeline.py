@@ -1,7 +1,8 @@
 """The library's entry points: ``generate`` and ``resume``; the CLI only parses flags.
 
-Each resolves its settings and dataset, locks the run directory, checks what is frozen in it, and
-runs one session (``run/session.py``: the steps wired together) in ``_execute``.
+Each resolves its settings and datasets (one, or a mix: ``source/mix.py``), locks the run
+directory, checks what is frozen in it, and runs one session (``run/session.py``: the steps wired
+together) in ``_execute``.
 """
 
 from __future__ import annotations
@@ -17,18 +18,25 @@ from eagledata.run.progress import Summary
 from eagledata.run.session import Run
 from eagledata.rundir.manifest import RunDir
 from eagledata.simserver.demo import simulated_server
-from eagledata.source.dataset import ResolvedDataset, check_local_source, resolve_dataset
+from eagledata.source.dataset import ResolvedDataset, check_local_source
+from eagledata.source.mix import Mix, resolve_mix
 from eagledata.source.preflight import check_first_rows
 from eagledata.tasks import run_until_done
 
 
-def default_out_dir(dataset: ResolvedDataset) -> Path:
-    return Path("runs") / dataset.name
+def default_out_dir(mix: Mix) -> Path:
+    return Path("runs") / mix.name
+
+
+def _check_sources(mix: Mix, where: str | None) -> None:
+    """Every local data file is there, before the run dir, the tokenizer and the servers."""
+    for member in mix.members:
+        check_local_source(ResolvedDataset(member.name, member.dataset), where)
 
 
 def _execute(
     config: AppConfig,
-    dataset: ResolvedDataset,
+    mix: Mix,
     out_dir: Path,
     progress: bool,
     retry_failed: bool = False,
@@ -36,7 +44,7 @@ def _execute(
     run_dir = RunDir(out_dir)
     run_dir.lock()
     try:
-        run = Run(config, dataset, run_dir, progress)
+        run = Run(config, mix, run_dir, progress)
         if run_dir.exists():
             run_dir.check_frozen(run.frozen)
             _check_canary_frozen(run_dir, config)
@@ -63,13 +71,20 @@ def _check_canary_frozen(run_dir: RunDir, config: AppConfig) -> None:
 
 
 def generate(
-    config: AppConfig, dataset_arg: str, out_dir: Path | None, *, progress: bool = True
+    config: AppConfig,
+    dataset_arg: str | list[str],
+    out_dir: Path | None,
+    *,
+    progress: bool = True,
 ) -> Summary:
-    dataset = resolve_dataset(dataset_arg, config.datasets)
-    check_local_source(dataset, config.source)  # before the run dir, tokenizer, server
-    check_first_rows(dataset, config.source)
-    out = out_dir or config.run.out_dir or default_out_dir(dataset)
-    return _execute(config, dataset, out, progress)
+    """Generate ``dataset_arg`` (one ``--dataset`` value, or several: one run of them all)."""
+    arguments = [dataset_arg] if isinstance(dataset_arg, str) else list(dataset_arg)
+    mix = resolve_mix(arguments, config)
+    _check_sources(mix, config.source)
+    for member in mix.members:  # the cause first: rows of an unknown shape stop it here
+        check_first_rows(ResolvedDataset(member.name, member.dataset), config.source)
+    out = out_dir or config.run.out_dir or default_out_dir(mix)
+    return _execute(config, mix, out, progress)
 
 
 def resume(
@@ -91,10 +106,9 @@ def resume(
     config = config.model_copy(
         update={"canary": config.canary.model_copy(update={"enabled": enabled})}
     )
-    frozen = run_dir.frozen()
-    dataset = ResolvedDataset(frozen.dataset_name, frozen.dataset)
-    check_local_source(dataset, f"{run_path}/run.json")
-    return _execute(config, dataset, run_path, progress, retry_failed)
+    mix = Mix.of(run_dir.frozen())
+    _check_sources(mix, f"{run_path}/run.json")
+    return _execute(config, mix, run_path, progress, retry_failed)
 
 
 RESUME_FLAGS = {"server.urls": "--server", "run.concurrency": "--concurrency"}

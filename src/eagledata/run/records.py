@@ -8,6 +8,7 @@ import time
 from eagledata.rundir.lines import RecordLine
 from eagledata.server.responses import GenerateResult
 from eagledata.source.prompts import Message
+from eagledata.source.workplan import WorkItem
 
 
 def completion_time(result: GenerateResult) -> float:
@@ -27,12 +28,20 @@ def make_record(
     input_ids: list[int],
     result: GenerateResult,
     flags: list[str] | None = None,
+    conversation_id: str | None = None,
+    turn: int | None = None,
+    conversation_turns: int | None = None,
+    reasoning_tokens: int | None = None,
+    prompt_key: str | None = None,
 ) -> RecordLine:
     return RecordLine(
         id=item_id,
         dataset=dataset,
         row_id=row_id,
         sample=sample,
+        conversation_id=conversation_id,
+        turn=turn,
+        conversation_turns=conversation_turns,
         finish_reason=result.finish_reason,
         prompt_tokens=result.prompt_tokens,
         completion_tokens=result.completion_tokens,
@@ -51,4 +60,30 @@ def make_record(
         weight_version=result.weight_version,
         e2e_latency=result.e2e_latency,
         spec_verify_ct=result.spec_verify_ct,
+        reasoning_tokens=reasoning_tokens,
+        prompt_key=prompt_key,
+    )
+
+
+def record_of(
+    item: WorkItem,
+    result: GenerateResult,
+    flags: list[str],
+    reasoning_tokens: int | None,
+) -> RecordLine:
+    """The record of a work item's answer: where it sits in its conversation, and its key."""
+    return make_record(
+        item_id=item.item_id,
+        dataset=item.dataset,
+        row_id=item.row_id,
+        sample=item.sample,
+        messages=item.messages,
+        input_ids=item.input_ids,
+        result=result,
+        flags=flags,
+        conversation_id=item.conversation_id,
+        turn=item.turn,
+        conversation_turns=item.conversation_turns,
+        reasoning_tokens=reasoning_tokens,
+        prompt_key=item.prompt_key,
     )

@@ -9,10 +9,9 @@ scheduler, and writes what the checks release, until the plan is done or the ses
 from __future__ import annotations
 
 import asyncio
-import itertools
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,7 +23,7 @@ from eagledata.run.canary_setup import start_canary
 from eagledata.run.first_contact import first_contact, load_controller
 from eagledata.run.holding import HoldAndRelease
 from eagledata.run.progress import Progress, Summary
-from eagledata.run.records import make_record
+from eagledata.run.records import record_of
 from eagledata.run.scheduler import RetryPolicy, Scheduler
 from eagledata.run.session_state import SessionFiles, SessionParts
 from eagledata.run.signals import (
@@ -33,20 +32,21 @@ from eagledata.run.signals import (
     stop_on_signals,
     write_task_dump,
 )
+from eagledata.run.turns import TurnSource
 from eagledata.run.writer import FailureLog, ShardWriter
 from eagledata.rundir.journal import Journal
 from eagledata.rundir.manifest import RunDir, RunTotals, scan_totals
+from eagledata.rundir.planstate import PlanStateBuilder
 from eagledata.rundir.status import canary_line, canary_summary
 from eagledata.rundir.telemetry import TelemetryLog
 from eagledata.server.client import SGLangClient
 from eagledata.server.guard import KVGuard
 from eagledata.server.responses import GenerateResult
-from eagledata.source.dataset import ResolvedDataset, count_rows
+from eagledata.source.mix import Mix, estimate_items
 from eagledata.source.tokenization import PromptTokenizer
-from eagledata.source.workplan import Outcome, WorkItem, WorkPlan
+from eagledata.source.workplan import WorkItem, WorkPlan
 from eagledata.tasks import TaskScope
 
-PLAN_BATCH = 64
 RECENT_WINDOW_S = 600.0
 STARTUP_STOPPED = (
     "interrupted while starting (checking the servers, the canary's baseline): nothing was "
@@ -72,13 +72,11 @@ async def _iterate(items: list[WorkItem]) -> AsyncIterator[WorkItem]:
 class Run:
     """One session of work on a run directory."""
 
-    def __init__(
-        self, config: AppConfig, dataset: ResolvedDataset, run_dir: RunDir, show_progress: bool
-    ) -> None:
+    def __init__(self, config: AppConfig, mix: Mix, run_dir: RunDir, show_progress: bool) -> None:
         self.config = config
-        self.dataset = dataset
+        self.mix = mix
         self.run_dir = run_dir
-        self.frozen = FrozenSettings.of(config, dataset.name, dataset.settings)
+        self.frozen = FrozenSettings.of(config, mix.name, list(mix.members), mix.seed)
         self.show_progress = show_progress
         self.counts = SessionCounts()
         self.checks_s = 0.0
@@ -89,26 +87,15 @@ class Run:
             config.server.max_attempts, config.server.backoff_base_s, config.server.backoff_max_s
         )
         self.sampling_params = config.generation.sampling_params()
+        self.plan_state = PlanStateBuilder()
+        """What the plan needs from the committed files besides the done ids (dedupe keys,
+        conversations to continue), read with them when the session opens the run."""
+        self.turns: TurnSource | None = None
 
-    # --- the plan (runs in a worker thread, one batch at a time) --------------------------
-
-    async def _source(
-        self, plan: Iterator[WorkItem | Outcome], failures: FailureLog, progress: Progress
-    ) -> AsyncIterator[WorkItem]:
-        while True:
-            batch = await asyncio.to_thread(lambda: list(itertools.islice(plan, PLAN_BATCH)))
-            if not batch:
-                return
-            for entry in batch:
-                if isinstance(entry, Outcome):
-                    failures.write(entry.entry)
-                    self.counts.failures += 1
-                    progress.advance()
-                else:
-                    yield entry
-
-    def _count_failure(self) -> None:
+    def _count_failure(self, item: WorkItem | None = None) -> None:
         self.counts.failures += 1
+        if item is not None and self.turns is not None:
+            self.turns.failed(item)
 
     # --- the session --------------------------------------------------------------------------
 
@@ -135,7 +122,7 @@ class Run:
         plan = None if parts is None else parts.plan
         stopped = self.interrupted or (parts is not None and parts.scheduler.stopping)
         if plan is not None and plan.complete and not stopped:
-            self.run_dir.set_planned(plan.enumerated)
+            self.run_dir.set_planned(plan.enumerated, plan.by_dataset)
         # nothing was written when nothing was left: the totals read at the start still hold
         nothing_new = files.all_done and not self.counts.records
         return self._summary(started, files.totals if nothing_new else None)
@@ -150,7 +137,7 @@ class Run:
         )
         writer.seal_pending()
         # under the lock: an index found missing, torn, stale or forged is written back
-        totals = scan_totals(path, persist_indexes=True)
+        totals = scan_totals(path, persist_indexes=True, plan_state=self.plan_state)
         self.run_dir.check_adopted(totals, fingerprint, vouched=self.run_dir.exists())
         planned = self.run_dir.planned() if self.run_dir.exists() else None
         # A plan read to its end whose every item is done: nothing to tokenize, send or flag,
@@ -161,7 +148,12 @@ class Run:
             and planned is not None
             and len(totals.done_ids) >= planned
         )
-        rows = None if all_done else count_rows(self.dataset.settings, config.run.limit)
+        # the plan's size before it is read to its end (a run that knows it does not ask again)
+        estimate = (
+            None
+            if all_done or planned is not None
+            else estimate_items(self.mix, config.generation, config.run.limit)
+        )
         return SessionFiles(
             writer=writer,
             failures=FailureLog(path, config.run.fsync_interval_s, fingerprint=fingerprint),
@@ -169,7 +161,7 @@ class Run:
             totals=totals,
             planned_before=planned,
             all_done=all_done,
-            estimate=None if rows is None else rows * config.generation.samples_per_prompt,
+            estimate=estimate,
         )
 
     async def _tokenizer(self) -> PromptTokenizer:
@@ -227,7 +219,7 @@ class Run:
             interval_s=config.server.guard_interval_s,
             max_held=config.server.guard_max_held,
             release=lambda payload: self._release(parts, payload),
-            requeue=lambda payload: parts.redo.append(payload[0]),
+            requeue=lambda payload: self._give_back(parts, payload[0]),
         )
         parts.limit = await first_contact(
             client, kv_guard, config, self.run_dir, self.frozen.expected_model
@@ -257,7 +249,7 @@ class Run:
             parts.client,
             parts.kv_guard,
             parts.holder,
-            lambda: canary_prompts(config, self.dataset, tokenizer, limit),
+            lambda: canary_prompts(config, self.mix, tokenizer, limit),
             parts.quality_log,
             # said only beside the live bar: stderr is one line on failure
             parts.bar.note if self.show_progress else lambda _: None,
@@ -270,28 +262,34 @@ class Run:
         parts.load = await load_controller(
             parts.client,
             parts.kv_guard,
-            self.config,
+            self._longest_answers(),
             self._fixed(),
             parts.telemetry,
             parts.bar,
             parts.files.totals.output_lengths,
         )
 
+    def _longest_answers(self) -> AppConfig:
+        """The settings with the longest ``max_new_tokens`` of the run's datasets: the load
+        controller's prior for answer lengths (a dataset of a mix may set its own)."""
+        generation = self.config.generation
+        longest = max(
+            member.dataset.generation(generation).max_new_tokens for member in self.mix.members
+        )
+        if longest == generation.max_new_tokens:
+            return self.config
+        update = {"generation": generation.model_copy(update={"max_new_tokens": longest})}
+        return self.config.model_copy(update=update)
+
     async def _generate(self, parts: SessionParts) -> None:
         """Feed the plan to the scheduler while the checks and the controller run beside it;
         then the final checks. Results a server took down with it are generated again."""
         source: AsyncIterator[WorkItem] = _iterate([])
-        if parts.tokenizer is not None:
-            parts.plan = WorkPlan(
-                self.dataset,
-                samples_per_prompt=self.config.generation.samples_per_prompt,
-                row_limit=self.config.run.limit,
-                tokenizer=parts.tokenizer,
-                limit=parts.limit,
-                done=parts.files.totals.done_ids,
-            )
-            source = self._source(parts.plan, parts.files.failures, parts.bar)
         sender = self._sender(parts)
+        handle: Callable[[WorkItem], Awaitable[None]] = sender.send
+        if parts.tokenizer is not None:
+            self.turns = await self._turn_source(parts)
+            source, handle = self.turns.items(), self.turns.handler(sender.send)
         scheduler = parts.scheduler
         with stop_on_signals(scheduler, parts.bar, self._on_stop):
             while True:
@@ -303,7 +301,7 @@ class Run:
                     ) as scope:
                         scope.create_task(parts.holder.run(), name="checks")
                         scope.create_task(parts.controller.run(), name="load-controller")
-                        await scheduler.run(source, sender.send)
+                        await scheduler.run(source, handle)
                 except BaseExceptionGroup as group_error:
                     raise first_fatal(group_error) from None
                 flush_started = time.monotonic()
@@ -318,6 +316,42 @@ class Run:
                 source = _iterate(list(parts.redo))
                 parts.redo.clear()
 
+    async def _turn_source(self, parts: SessionParts) -> TurnSource:
+        """The plan of this session, and what feeds it to the scheduler with each
+        conversation's next turns (run/turns.py)."""
+        assert parts.tokenizer is not None
+        config = self.config
+        done = parts.files.totals.done_ids
+        state = await asyncio.to_thread(self.plan_state.finish, done)
+        parts.plan = WorkPlan(
+            self.mix,
+            generation=config.generation,
+            template_kwargs=config.tokenizer.chat_template_kwargs,
+            row_limit=config.run.limit,
+            tokenizer=parts.tokenizer,
+            limit=parts.limit,
+            done=done,
+            state=state,
+        )
+        return TurnSource(
+            parts.plan,
+            tokenizer=parts.tokenizer,
+            failures=parts.files.failures,
+            progress=parts.bar,
+            scheduler=parts.scheduler,
+            holder=parts.holder,
+            # room for what is in flight and what the checks hold
+            max_open=self._ceiling() + config.server.guard_max_held,
+            on_outcome=self._count_failure,
+            reasoning_field=parts.plan.reasoning_field,
+        )
+
+    def _give_back(self, parts: SessionParts, item: WorkItem) -> None:
+        """A held result whose server went down: a conversation's turn is sent again at once,
+        anything else once this pass of the plan is done."""
+        if self.turns is None or not self.turns.given_back(item):
+            parts.redo.append(item)
+
     def _sender(self, parts: SessionParts) -> ItemSender:
         server = self.config.server
         return ItemSender(
@@ -328,7 +362,6 @@ class Run:
             policy=self.policy,
             sampling_params=self.sampling_params,
             down_deadline_s=server.down_deadline_s,
-            dataset_name=self.dataset.name,
             on_failure=self._count_failure,
             load=parts.controller,
             stopped=parts.scheduler.stopped,
@@ -337,24 +370,20 @@ class Run:
     def _release(self, parts: SessionParts, payload: tuple[WorkItem, GenerateResult]) -> None:
         """A result every check vouched for: flag it, write it, count it."""
         item, result = payload
-        assert parts.flagger is not None  # results exist only when the plan had work
-        parts.files.writer.write(
-            make_record(
-                item_id=item.item_id,
-                dataset=self.dataset.name,
-                row_id=item.row_id,
-                sample=item.sample,
-                messages=item.messages,
-                input_ids=item.input_ids,
-                result=result,
-                flags=parts.flagger.flags(
-                    input_ids=item.input_ids,
-                    output_ids=result.output_ids,
-                    finish_reason=result.finish_reason,
-                    matched=result.matched,
-                ),
-            )
+        # results exist only when the plan had work
+        assert parts.flagger is not None and self.turns is not None
+        flags = parts.flagger.flags(
+            input_ids=item.input_ids,
+            output_ids=result.output_ids,
+            finish_reason=result.finish_reason,
+            matched=result.matched,
         )
+        reasoning = self.turns.answers.reasoning_tokens(
+            item.input_ids, result.output_ids, result.finish_reason, result.matched
+        )
+        parts.files.writer.write(record_of(item, result, flags, reasoning))
+        # committed: the conversation's next turn may be built on it now
+        self.turns.committed(item, result)
         self.counts.records += 1
         self.counts.tokens += result.completion_tokens
         load = parts.load
@@ -394,6 +423,8 @@ class Run:
     def _on_stop(self) -> None:
         """The first SIGINT/SIGTERM: the session ends once in-flight requests finish."""
         self.interrupted = "interrupted"
+        if self.turns is not None:
+            self.turns.wake()
 
     def _summary(self, started: float, totals: RunTotals | None = None) -> Summary:
         totals = totals or scan_totals(self.run_dir.path)

@@ -91,10 +91,28 @@ class RecordLine(Line):
 
     FILE: ClassVar[str] = "shards/*.jsonl"
 
-    id: str = Field(description="`dataset/row_id/sample`: stable and unique in the run")
+    id: str = Field(
+        description="`dataset/row_id/sample` (`dataset/row_id/sample/turn` under `turns = "
+        '"all"`): stable and unique in the run'
+    )
     dataset: str = Field(description="the dataset's name, as in the config or the file's stem")
     row_id: str = Field(description="the source row's stable id within its dataset")
     sample: int = Field(description="the sample index, 0 to `samples_per_prompt - 1`")
+    conversation_id: str | None = Field(
+        default=None,
+        description="`dataset/row_id/sample`: the conversation this answer belongs to (each "
+        "sample is a conversation of its own); null in records written before turns existed",
+    )
+    turn: int | None = Field(
+        default=None,
+        description="0-based among the conversation's regenerated assistant turns (always 0 "
+        'under `turns = "last"`)',
+    )
+    conversation_turns: int | None = Field(
+        default=None,
+        description="how many of the conversation's assistant turns are regenerated (1 under "
+        '`turns = "last"`): `turn` runs from 0 to `conversation_turns - 1`',
+    )
     finish_reason: Literal["stop", "length"] = Field(
         description="`stop` (the model ended it) or `length` (cut at `max_new_tokens`)"
     )
@@ -104,7 +122,10 @@ class RecordLine(Line):
         default=0.0, description="unix seconds when the response completed (not when written)"
     )
     messages: list[dict[str, Any]] = Field(
-        description="the prompt's messages, exactly as rendered into `input_ids`"
+        description="the prompt's messages, exactly as rendered into `input_ids`; under `turns "
+        '= "all"` the earlier assistant messages are the regenerated answers (content and '
+        "`reasoning_content` from the previous turns' `output_ids`; with a tokenizer that has "
+        'think tags every message carries `reasoning_content`, "" where none)'
     )
     input_ids: list[int] = Field(description="exactly the ids sent")
     output_ids: list[int] = Field(description="exactly the ids returned, stop token included")
@@ -138,6 +159,16 @@ class RecordLine(Line):
         "`fingerprint`): a run never adopts a record made under other settings; null in "
         "records written before it existed",
     )
+    reasoning_tokens: int | None = Field(
+        default=None,
+        description="output ids spent thinking (inside the think block, tags excluded); null "
+        "for a tokenizer without think tags",
+    )
+    prompt_key: str | None = Field(
+        default=None,
+        description="the hash a duplicate prompt is found by (of the prompt ids; under `turns "
+        '= "all"` of the first prompt\'s ids and the later user messages)',
+    )
 
 
 class FailureLine(Line):
@@ -149,9 +180,12 @@ class FailureLine(Line):
     status: Literal["failed", "skipped"] = Field(
         default="failed",
         description="`failed` (counted as failed; `resume --retry-failed` tries it again) or "
-        "`skipped` (the plan leaves it out on purpose, e.g. a duplicate id)",
+        "`skipped` (the plan leaves it out on purpose: a `duplicate` prompt, a `duplicate_id`)",
     )
-    reason: str = Field(description="the short cause: `bad_row`, `prompt_too_long`, ...")
+    reason: str = Field(
+        description="the short cause: `bad_row`, `prompt_too_long`, `previous_turn_failed`, "
+        "`duplicate`, ..."
+    )
     message: str = Field(description="one line saying what went wrong")
     dataset: str = Field(description="the dataset's name")
     row_id: str = Field(description="the source row's id")
@@ -161,6 +195,11 @@ class FailureLine(Line):
     settings: str | None = Field(
         default=None,
         description="the fingerprint of the frozen settings it ended under, as in a record",
+    )
+    prompt_key: str | None = Field(
+        default=None,
+        description="its prompt's `prompt_key`, when the prompt was templated (a later copy of "
+        "it is still a `duplicate`)",
     )
 
 
@@ -301,6 +340,15 @@ class ShardIndexLine(Line):
     settings: dict[str, int] = Field(
         default={},
         description='records per settings fingerprint (`""`: records without one)',
+    )
+    datasets: dict[str, int] = Field(default={}, description="records per dataset")
+    turns_left: list[int] = Field(
+        default=[],
+        description="each record's turns after it in its conversation (`conversation_turns - "
+        "turn - 1`, 0 where none): what resume continues",
+    )
+    prompt_keys: list[str] = Field(
+        default=[], description="each record's `prompt_key`, empty where none (dedupe on resume)"
     )
     digest: str = Field(default="", description="blake2b-128 of the object without it")
 

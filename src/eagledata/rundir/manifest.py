@@ -8,7 +8,8 @@ Layout of a run directory::
     pending/*.jsonl   the open journal of the running (or crashed) process
     failures.jsonl    items that ended without a record, with their reason
     checks.jsonl      every KV-guard check: server, time, verdict
-    plan.json         the plan's size, once the dataset has been read to its end
+    plan.json         the plan's size (in all and per dataset), once the datasets have been read
+                      to their end
     .lock             held (flock) by the one process working on the run
 
 The source of truth for "done" is the set of ids in ``shards/``, ``pending/`` and
@@ -51,6 +52,7 @@ from eagledata.rundir.journal import (
     storage_error,
 )
 from eagledata.rundir.lines import FailureLine, LineError, RecordLine, line_schemas
+from eagledata.rundir.planstate import PlanStateBuilder
 from eagledata.rundir.rates import Rate, run_rates
 from eagledata.rundir.shardindex import IndexRead, iter_indexes
 
@@ -77,6 +79,18 @@ def library_versions() -> dict[str, str]:
 
 
 @dataclass
+class DatasetTotals:
+    """One dataset's share of a run's counts (a run of several datasets: ``--dataset`` repeated
+    or a ``[mixes.NAME]``)."""
+
+    written: int = 0
+    failed: int = 0
+    skipped: int = 0
+    failure_reasons: dict[str, int] = field(default_factory=dict)
+    skipped_reasons: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
 class RunTotals:
     """Counts over a run directory's committed files."""
 
@@ -92,6 +106,10 @@ class RunTotals:
     starts: array[float] = field(default_factory=lambda: array("d"))
     ends: array[float] = field(default_factory=lambda: array("d"))
     failure_reasons: dict[str, int] = field(default_factory=dict)
+    """Every failure-file entry by reason (failed and skipped)."""
+    skipped_reasons: dict[str, int] = field(default_factory=dict)
+    """The skipped entries alone, by reason (``duplicate``, ``duplicate_id``)."""
+    datasets: dict[str, DatasetTotals] = field(default_factory=dict)
     # Quality, not speed: an answer cut at max_new_tokens teaches a drafter to never stop.
     finish_reasons: dict[str, int] = field(default_factory=dict)
     output_lengths: array[int] = field(default_factory=lambda: array("l"))
@@ -111,6 +129,12 @@ class RunTotals:
     def rates(self, now: float, window_s: float) -> tuple[Rate, Rate]:
         """The run's output rate and the last ``window_s``'s (rundir/rates.py)."""
         return run_rates(self.starts, self.ends, self.output_lengths, now=now, window_s=window_s)
+
+    def dataset(self, name: str) -> DatasetTotals:
+        found = self.datasets.get(name)
+        if found is None:
+            found = self.datasets[name] = DatasetTotals()
+        return found
 
     def flags_line(self) -> str:
         """``flags: degenerate 3 (0.3%), truncated 12 (1.2%)``, or ``flags: none``."""
@@ -181,9 +205,14 @@ def _count(table: dict[str, int], key: str, count: int = 1) -> None:
 
 
 def scan_totals(
-    run_dir: Path, recent_window_s: float = 600.0, *, persist_indexes: bool = False
+    run_dir: Path,
+    recent_window_s: float = 600.0,
+    *,
+    persist_indexes: bool = False,
+    plan_state: PlanStateBuilder | None = None,
 ) -> RunTotals:
     """Counts over the committed files: shard indexes, the open journal's lines, the failures.
+    ``plan_state`` is fed what a resumed plan needs from the same reads (``planstate``).
 
     Memory: about 16 B per done id and 8 B per record (answer lengths), whatever the record size.
     """
@@ -193,6 +222,10 @@ def scan_totals(
         index = read.index
         if read.rebuilt is not None:
             _count(totals.indexes_rebuilt, read.rebuilt)
+        if plan_state is not None:
+            plan_state.add_index(read.shard, index)
+        for name, count in index.datasets.items():
+            totals.dataset(name).written += count
         totals.done_ids.update(index.ids)
         totals.written += index.records
         totals.prompt_tokens += index.prompt_tokens
@@ -230,6 +263,9 @@ def scan_totals(
                     "item again)"
                 ) from None
             _count(totals.settings, record.settings or "")
+            if plan_state is not None:
+                plan_state.add_record(record)
+            totals.dataset(record.dataset).written += 1
             totals.done_ids.add(record.id)
             totals.written += 1
             totals.prompt_tokens += record.prompt_tokens
@@ -254,11 +290,19 @@ def scan_totals(
     if failures.is_file():
         for entry in failure_lines(failures):
             _count(totals.settings, entry.settings or "")
+            if plan_state is not None:
+                plan_state.add_failure(entry)
             totals.done_ids.add(entry.id)
+            of_dataset = totals.dataset(entry.dataset)
             if entry.status == "skipped":
                 totals.skipped += 1
+                of_dataset.skipped += 1
+                _count(totals.skipped_reasons, entry.reason)
+                _count(of_dataset.skipped_reasons, entry.reason)
             else:
                 totals.failed += 1
+                of_dataset.failed += 1
+                _count(of_dataset.failure_reasons, entry.reason)
             _count(totals.failure_reasons, entry.reason)
     return totals
 
@@ -371,6 +415,8 @@ class RunDir:
         old = _flatten(stored.model_dump(mode="json", by_alias=True))
         new = _flatten(requested.model_dump(mode="json", by_alias=True))
         keys = sorted(key for key in old.keys() | new.keys() if old.get(key) != new.get(key))
+        if not keys:  # the same datasets, named in another order: the plan would differ
+            keys = ["mix (the order of its datasets)"]
         raise RunDirError(
             f"{self.path} was started with other settings ({', '.join(keys)}); resume it with "
             "'eagledata resume RUN_DIR' or pass a new --out"
@@ -406,8 +452,21 @@ class RunDir:
         estimate = self.read().get("planned_estimate")
         return int(estimate) if estimate is not None else None
 
-    def set_planned(self, planned: int) -> None:
-        write_json_atomic(self.path / "plan.json", {"planned": planned})
+    def set_planned(self, planned: int, by_dataset: dict[str, int] | None = None) -> None:
+        plan: dict[str, Any] = {"planned": planned}
+        if by_dataset is not None:
+            plan["datasets"] = dict(by_dataset)
+        write_json_atomic(self.path / "plan.json", plan)
+
+    def planned_by_dataset(self) -> dict[str, int] | None:
+        """Each dataset's planned items, once the plan is complete (runs since turns existed)."""
+        path = self.path / "plan.json"
+        if not path.is_file():
+            return None
+        datasets = orjson.loads(path.read_bytes()).get("datasets")
+        if not isinstance(datasets, dict):
+            return None
+        return {str(name): int(count) for name, count in datasets.items()}
 
     def requeue_failures(self) -> int:
         """Forget the failed items (not the skipped ones), so this session generates them again.
@@ -443,4 +502,10 @@ def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
         for key, item in value.items():
             flat.update(_flatten(item, f"{prefix}{key}."))
         return flat
+    if (
+        isinstance(value, list)
+        and value
+        and all(isinstance(item, dict) and isinstance(item.get("name"), str) for item in value)
+    ):  # a run's datasets (``mix``): named by their names, not their positions
+        return _flatten({item["name"]: item for item in value}, prefix)
     return {prefix.rstrip("."): value}

@@ -2,8 +2,9 @@
 
 ``shards/shard-NNNNNN.jsonl`` gets ``shards/shard-NNNNNN.idx.json`` (never matched by
 ``shards/*.jsonl``, which consumers glob). It holds the shard's record ids, counts, token totals,
-finish reasons, flag counts, per-record answer lengths and completion times, the shard's size,
-mtime and checksum, and a digest of the index itself.
+finish reasons, flag counts, records per dataset, per-record answer lengths, completion times,
+turns left in their conversation and prompt keys, the shard's size, mtime and checksum, and a
+digest of the index itself.
 
 An index is a cache, never the truth: it is trusted only when it is whole (parses, right version),
 unaltered (its digest matches its body, its counts agree with each other), about its own shard (the
@@ -36,9 +37,10 @@ from eagledata.errors import StorageError
 from eagledata.rundir.lines import LineError, ShardIndexLine
 
 INDEX_VERSION = 3
-"""3: ``started_at`` per record (the run's active time, ``rundir/rates.py``) and ``settings``
-(records per settings fingerprint). An older index is rebuilt from its shard like any index it
-cannot trust: in memory by a reader, written back by the next ``resume``."""
+"""3: ``started_at`` per record (the run's active time, ``rundir/rates.py``), ``settings``
+(records per settings fingerprint), records per dataset, turns left and prompt keys. An older
+index is rebuilt from its shard like any index it cannot trust: in memory by a reader, written
+back by the next ``resume``."""
 INDEX_SUFFIX = ".idx.json"
 
 # Why an index was not trusted (``IndexRead.rebuilt``).
@@ -75,6 +77,11 @@ class ShardIndex:
     invalid_lines: int = 0  # lines that are not a JSON object with an id: verify reports them
     # records per settings fingerprint ("" for records without one): a run adopts no other
     settings: dict[str, int] = field(default_factory=dict)
+    datasets: dict[str, int] = field(default_factory=dict)  # records per dataset
+    # per record, in file order: turns after it in its conversation (what resume continues)
+    turns_left: list[int] = field(default_factory=list)
+    # per record, in file order: its prompt key, "" where none (dedupe on resume)
+    prompt_keys: list[str] = field(default_factory=list)
 
     @property
     def records(self) -> int:
@@ -101,6 +108,9 @@ class ShardIndex:
             started_at=self.started_at,
             spec_verify_ct=self.spec_verify_ct,
             settings=self.settings,
+            datasets=self.datasets,
+            turns_left=self.turns_left,
+            prompt_keys=self.prompt_keys,
         )
 
     def to_bytes(self) -> bytes:
@@ -139,6 +149,9 @@ class ShardIndex:
             flagged=line.flagged,
             invalid_lines=line.invalid_lines,
             settings=line.settings,
+            datasets=line.datasets,
+            turns_left=line.turns_left,
+            prompt_keys=line.prompt_keys,
         )
         index.check_consistent(line.records)
         return index
@@ -150,12 +163,15 @@ class ShardIndex:
             == len(self.created_at)
             == len(self.started_at)
             == len(self.spec_verify_ct)
+            == len(self.turns_left)
+            == len(self.prompt_keys)
             == records
         )
         if not (
             len(self.ids) == records
             and lengths_ok
             and sum(self.finish_reasons.values()) == records
+            and sum(self.datasets.values()) == records
             and self.flagged <= records
             and sum(self.completion_lengths) == self.completion_tokens
             and sum(self.settings.values()) == records
@@ -208,6 +224,9 @@ class IndexBuilder:
     flagged: int = 0
     invalid_lines: int = 0
     settings: dict[str, int] = field(default_factory=dict)
+    datasets: dict[str, int] = field(default_factory=dict)
+    turns_left: list[int] = field(default_factory=list)
+    prompt_keys: list[str] = field(default_factory=list)
     hasher: Any = field(default_factory=new_checksum)
 
     def add(self, line: bytes, record: object) -> None:
@@ -239,8 +258,13 @@ class IndexBuilder:
         self.created_at.append(round(float(created), 3))
         self.started_at.append(round(float(created) - float(latency), 3))
         settings = record.get("settings")
-        key = settings if isinstance(settings, str) else ""
-        self.settings[key] = self.settings.get(key, 0) + 1
+        fingerprint = settings if isinstance(settings, str) else ""
+        self.settings[fingerprint] = self.settings.get(fingerprint, 0) + 1
+        dataset = str(record.get("dataset", "?"))
+        self.datasets[dataset] = self.datasets.get(dataset, 0) + 1
+        self.turns_left.append(turns_left(record))
+        key = record.get("prompt_key")
+        self.prompt_keys.append(key if isinstance(key, str) else "")
 
     def add_unparsable(self, line: bytes) -> None:
         self.hasher.update(line)
@@ -264,7 +288,18 @@ class IndexBuilder:
             flagged=self.flagged,
             invalid_lines=self.invalid_lines,
             settings=self.settings,
+            datasets=self.datasets,
+            turns_left=self.turns_left,
+            prompt_keys=self.prompt_keys,
         )
+
+
+def turns_left(record: dict[str, Any]) -> int:
+    """The turns of its conversation after this record (0: none, or not a conversation turn)."""
+    turn, turns = record.get("turn"), record.get("conversation_turns")
+    if type(turn) is not int or type(turns) is not int:
+        return 0
+    return max(turns - turn - 1, 0)
 
 
 def _int(value: object) -> int:
@@ -364,6 +399,9 @@ INDEXED_FIELDS = (
     "flagged",
     "invalid_lines",
     "settings",
+    "datasets",
+    "turns_left",
+    "prompt_keys",
 )
 
 

@@ -12,9 +12,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import orjson
+
+from eagledata.config import FrozenSettings
 from eagledata.rundir.journal import iter_jsonl_lines
 from eagledata.rundir.lines import LineError, QualityLine, TelemetryLine
-from eagledata.rundir.manifest import RunDir, scan_totals
+from eagledata.rundir.manifest import RunDir, RunTotals, scan_totals
 from eagledata.rundir.rates import Rate, duration
 from eagledata.rundir.telemetry import TELEMETRY_FILE, lane_name
 
@@ -41,6 +44,10 @@ class StatusReport:
     speculative: str | None = None
     """Measured speculative acceptance length, when records carry verify counts."""
     speculative_json: dict[str, Any] | None = None
+    skipped_reasons: dict[str, int] = field(default_factory=dict)
+    """Skipped items by reason (``duplicate``: a prompt an earlier row planned)."""
+    datasets: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Per dataset of the run: counts and the generation settings it was frozen with."""
 
     @property
     def left(self) -> int | None:
@@ -73,8 +80,8 @@ class StatusReport:
             f"run:      {self.run_dir}",
             f"planned:  {planned}",
             f"written:  {self.written:,}",
-            f"failed:   {self.failed:,}" + _reasons(self.failure_reasons),
-            f"skipped:  {self.skipped:,}",
+            f"failed:   {self.failed:,}" + _reasons(self._failed_reasons()),
+            f"skipped:  {self.skipped:,}" + _reasons(self.skipped_reasons),
             f"left:     {left}",
             f"tokens:   {self.prompt_tokens:,} prompt, {self.completion_tokens:,} output",
             f"quality:  {self.quality}",
@@ -84,6 +91,8 @@ class StatusReport:
         ]
         if self.speculative is not None:
             lines.append(f"spec:     {self.speculative}")
+        for name, entry in self.datasets.items():
+            lines.append(f"dataset:  {name}: {_dataset_line(entry)}")
         lines += [f"load:     {_load_line(entry)}" for entry in (self.load or {}).values()]
         return "\n".join(lines)
 
@@ -102,6 +111,7 @@ class StatusReport:
             "written": self.written,
             "failed": self.failed,
             "skipped": self.skipped,
+            "skipped_reasons": dict(self.skipped_reasons),
             "left": self.left,
             "prompt_tokens": self.prompt_tokens,
             "output_tokens": self.completion_tokens,
@@ -116,7 +126,60 @@ class StatusReport:
             "quality": {"flags": dict(self.flags), "canary": dict(self.canary)},
             "load": self.load,
             "speculative": self.speculative_json,
+            "datasets": {name: dict(entry) for name, entry in self.datasets.items()},
         }
+
+    def _failed_reasons(self) -> dict[str, int]:
+        """``failure_reasons`` holds the skipped reasons too; the failed line shows its own."""
+        failed = dict(self.failure_reasons)
+        for reason, count in self.skipped_reasons.items():
+            left = failed.get(reason, 0) - count
+            if left > 0:
+                failed[reason] = left
+            else:
+                failed.pop(reason, None)
+        return failed
+
+
+def _dataset_line(entry: dict[str, Any]) -> str:
+    """One dataset of the run: its counts, then its settings."""
+    planned = entry.get("planned")
+    counts = [
+        f"planned {'?' if planned is None else f'{planned:,}'}",
+        f"written {entry['written']:,}",
+        f"failed {entry['failed']:,}",
+        f"skipped {entry['skipped']:,}" + _reasons(entry["skipped_reasons"]),
+    ]
+    settings = entry.get("settings") or {}
+    shown = ", ".join(
+        f"{key} {orjson.dumps(value).decode() if isinstance(value, dict) else value}"
+        for key, value in settings.items()
+    )
+    return ", ".join(counts) + (f"; {shown}" if shown else "")
+
+
+def dataset_settings(frozen: FrozenSettings) -> dict[str, dict[str, Any]]:
+    """Each dataset's generation settings as the run froze them: the run's, with the dataset's
+    own over them."""
+    found: dict[str, dict[str, Any]] = {}
+    for member in frozen.members():
+        generation = member.dataset.generation(frozen.generation)
+        settings: dict[str, Any] = {
+            "turns": generation.turns,
+            "temperature": generation.temperature,
+            "top_p": generation.top_p,
+            "max_new_tokens": generation.max_new_tokens,
+            "samples_per_prompt": generation.samples_per_prompt,
+            "chat_template_kwargs": member.dataset.template_kwargs(
+                frozen.tokenizer.chat_template_kwargs
+            ),
+        }
+        if member.rows is not None:
+            settings["rows"] = member.rows
+        if member.share is not None:
+            settings["share"] = member.share
+        found[member.name] = settings
+    return found
 
 
 def canary_line(canary: dict[str, Any]) -> str:
@@ -239,6 +302,34 @@ def _duration(seconds: float) -> str:
     return duration(seconds)
 
 
+def _datasets(run_dir: RunDir, totals: RunTotals) -> dict[str, dict[str, Any]]:
+    """Per dataset: planned (once the plan is read to its end), written, failed, skipped and
+    why, and its settings."""
+    try:
+        settings = dataset_settings(run_dir.frozen())
+    except (KeyError, ValueError):  # a run.json without readable frozen settings
+        settings = {}
+    planned = run_dir.planned_by_dataset() or {}
+    datasets: dict[str, dict[str, Any]] = {}
+    for name in [*settings, *(n for n in totals.datasets if n not in settings)]:
+        counts = totals.datasets.get(name)
+        written = counts.written if counts else 0
+        failed = counts.failed if counts else 0
+        skipped = counts.skipped if counts else 0
+        of_plan = planned.get(name)
+        datasets[name] = {
+            "planned": of_plan,
+            "written": written,
+            "failed": failed,
+            "skipped": skipped,
+            "skipped_reasons": dict(counts.skipped_reasons) if counts else {},
+            "failure_reasons": dict(counts.failure_reasons) if counts else {},
+            "left": None if of_plan is None else max(of_plan - written - failed - skipped, 0),
+            "settings": settings.get(name, {}),
+        }
+    return datasets
+
+
 def run_status(path: Path, window_s: float = 600.0) -> StatusReport:
     run_dir = RunDir(path)
     manifest = run_dir.read()
@@ -263,4 +354,6 @@ def run_status(path: Path, window_s: float = 600.0) -> StatusReport:
         load=latest_load(path),
         speculative=totals.acceptance.line(),
         speculative_json=totals.acceptance.to_json(),
+        skipped_reasons=totals.skipped_reasons,
+        datasets=_datasets(run_dir, totals),
     )

@@ -18,7 +18,12 @@ from eagledata.simserver.logprobs import trim_to_output
 from eagledata.simserver.metrics import render_loads, render_metrics
 from eagledata.simserver.model import resolve_model
 from eagledata.simserver.protocol import SimRequestError, abort_reason, bad_body, queue_full_body
-from eagledata.simserver.requests import Parsed, parse_generate, remember_prompts
+from eagledata.simserver.requests import (
+    Parsed,
+    parse_generate,
+    remember_answers,
+    remember_prompts,
+)
 from eagledata.simserver.sampling import SamplingSpec
 from eagledata.simserver.scheduler import ABORTED, QUEUED, RID_LIMIT, Item, QueueFullError
 from eagledata.simserver.server_info import model_info, server_info
@@ -150,6 +155,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
     if "abort" in faults:
         for item in items:
             apply_fault_abort(item)
+    remember_answers(state, parsed)
     stats.outcomes[_outcome(parsed, faults)] += 1
     bad = "bad_count" in faults
     out = [_item_json(state, it, spec, arrived, bad_count=bad) for it, spec in parsed.pairs]
@@ -225,6 +231,7 @@ async def _stream(
             await response.write(
                 event(index, _item_json(state, item, spec, arrived, bad_count=bad))
             )
+        remember_answers(state, parsed)
         outcomes[_outcome(parsed, faults)] += 1
         await response.write(DONE_EVENT)
     except asyncio.CancelledError:

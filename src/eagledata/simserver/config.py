@@ -135,6 +135,11 @@ class SimConfig(BaseModel):
     """Share of answers that are the stop token alone."""
     loop_rate: Rate = 0.0
     """Share of answers that fall into a loop and repeat it until ``max_new_tokens``."""
+    think_share: Rate = 0.0
+    """A thinking model: this share of an answer's ids is thinking, in a think block
+    (``<think>`` ... ``</think>``, then the answer) when the tokenizer has think tags; the
+    opening tag is left out when the prompt opened the block itself (the generation prompt of a
+    thinking template). An answer cut at ``max_new_tokens`` is cut inside its thinking."""
 
     # --- logprobs and silent degradation (simserver/logprobs.py) -------------------------------
     logprobs_supported: bool = True

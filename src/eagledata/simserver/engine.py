@@ -92,9 +92,11 @@ def generate(
     sample_index: int = 0,
     prompt_len: int = 0,
     degraded: bool | None = None,
+    think_state: str = "none",
 ) -> tuple[list[int], FinishReason]:
     """The deterministic output of one sample; ``max_new`` is already resolved. ``degraded``:
-    whether its DP rank is (``config.degraded`` when not given)."""
+    whether its DP rank is (``config.degraded`` when not given); ``think_state``: how the
+    prompt leaves thinking (``ModelSpec.think_state``)."""
     index = 0 if spec.greedy else sample_index
     h = answer_hash(digest, spec, config, index, fp8)
     offset = int.from_bytes(h[:4]) % TABLE_SIZE
@@ -117,6 +119,9 @@ def generate(
         ids = _body(model, offset, length - 1, banned, whole_words=True)
         ids.append(stop)
         finish = {"type": "stop", "matched": stop}
+    if config.think_share and model.think is not None and ids and think_state != "off":
+        opened = think_state == "open"
+        ids = _thinking(ids, finish, model.think, config.think_share, max_new, opened)
     shape = answer_shape(digest, spec, config, index, max_new)
     if shape == EMPTY:
         ids, finish = [stops[0]], {"type": "stop", "matched": stops[0]}
@@ -128,11 +133,35 @@ def generate(
     if fp8:
         twin = generate(
             model, digest, spec, max_new, config, fp8=False, sample_index=index,
-            prompt_len=prompt_len, degraded=degraded,
+            prompt_len=prompt_len, degraded=degraded, think_state=think_state,
         )  # fmt: skip
         if twin[0] == ids and ids:  # fp8 must visibly differ from bf16: nudge the first token
             ids[0] = next(t for t in model.table if t != ids[0] and t not in banned)
     return ids, finish
+
+
+def _thinking(
+    ids: list[int],
+    finish: FinishReason,
+    think: tuple[int, int],
+    share: float,
+    max_new: int,
+    opens_think: bool,
+) -> list[int]:
+    """A thinking model's answer: the first ``share`` of it inside a think block. Never longer
+    than ``max_new``: a stopping answer gives up body ids for its tags, a cut one is all
+    thinking (cut before its think block closes)."""
+    opened, closed = think
+    lead = [] if opens_think else [opened]
+    if finish.get("type") != "stop":
+        return (lead + ids)[:max_new]
+    body, stop = ids[:-1], ids[-1:]
+    room = max_new - len(lead) - 1 - len(stop)
+    if room < 0:  # no room for the tags: an answer without thinking
+        return ids
+    body = body[:room]
+    cut = round(len(body) * share)
+    return [*lead, *body[:cut], closed, *body[cut:], *stop]
 
 
 def _modelled_length(config: SimConfig, prompt_len: int, pick: int, lo: int, hi: int) -> int:
@@ -167,4 +196,5 @@ def expected_output(
         fp8=config.is_fp8(),
         sample_index=sample_index,
         prompt_len=len(input_ids),
+        think_state=model.think_state(input_ids),
     )

@@ -32,6 +32,24 @@ class ModelSpec:
     word_starts: list[int] | None = field(default=None, repr=False)
     """Table positions where a word begins (text tables only), sorted: an answer starts at
     one, so it does not begin with half a word no tokenizer would produce alone."""
+    think: tuple[int, int] | None = None
+    """The ids of ``<think>`` and ``</think>`` when the tokenizer has them (``think_share``)."""
+
+    def think_state(self, ids: list[int]) -> str:
+        """How a prompt leaves thinking: ``open`` (it ends inside a think block: the template
+        opened it), ``off`` (it ends with a closed one: the template turned thinking off, like
+        ``enable_thinking=False``), or ``none``."""
+        if self.think is None or not ids:
+            return "none"
+        opened, closed = self.think
+        if ids[-1] == closed:
+            return "off"
+        for token in reversed(ids[-64:]):
+            if token == closed:
+                return "none"
+            if token == opened:
+                return "open"
+        return "none"
 
     def snap(self, offset: int) -> int:
         """The first word start at or after ``offset`` (wrapping), or ``offset`` itself."""
@@ -108,7 +126,11 @@ def _build_model(path: str | None, vocab: int | None, eos: int | None) -> ModelS
                 t for t, text in zip(sorted(set(table)), pieces, strict=True) if text[:1].isspace()
             }
             starts = [i for i, t in enumerate(table) if t in opens]
-    return ModelSpec(vocab, eos, excluded, table, tokenizer, starts)
+    think = None
+    if tokenizer is not None:
+        opened, closed = tokenizer.token_to_id("<think>"), tokenizer.token_to_id("</think>")
+        think = (opened, closed) if opened is not None and closed is not None else None
+    return ModelSpec(vocab, eos, excluded, table, tokenizer, starts, think)
 
 
 def _text_table(tokenizer: Any, excluded: frozenset[int]) -> list[int]:

@@ -45,6 +45,23 @@ def remember_prompts(state: SimState, parsed: Parsed) -> None:
             state.prefix_cache(parsed.rank).insert(ids)
 
 
+def remember_answers(state: SimState, parsed: Parsed) -> None:
+    """Answers that finished go into the prefix cache with their prompt, all but the last id,
+    as SGLang's radix cache does when a request finishes (``RadixCache.cache_finished_req``
+    inserts ``(origin_input_ids + output_ids)[:-1]``): the next turn of a conversation, whose
+    prompt holds this answer, finds it cached. An aborted answer is not inserted."""
+    if state.config.disable_radix_cache or not parsed.prompts:
+        return
+    per_prompt = max(1, len(parsed.pairs) // len(parsed.prompts))
+    cache = state.prefix_cache(parsed.rank)
+    for index, (item, _) in enumerate(parsed.pairs):
+        ids, finish = item.result()
+        if finish is None or finish.get("type") == "abort" or not ids:
+            continue
+        prompt = parsed.prompts[index // per_prompt][1]
+        cache.insert([*prompt, *ids[:-1]])
+
+
 def _prompts(obj: dict[str, Any], model: ModelSpec) -> tuple[list[list[int]], bool]:
     given = [k for k in ("text", "input_ids", "input_embeds") if obj.get(k) is not None]
     if len(given) != 1:
@@ -170,6 +187,7 @@ def parse_generate(obj: Any, state: SimState) -> Parsed:
             out, finish = generate(
                 model, digest, spec, max_new, config,
                 fp8=fp8, sample_index=j, prompt_len=len(ids), degraded=degraded,
+                think_state=model.think_state(ids),
             )  # fmt: skip
             item = Item(rids[len(pairs)], len(ids), out, finish)
             shape = answer_shape(digest, spec, config, j, max_new)

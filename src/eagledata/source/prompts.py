@@ -1,8 +1,10 @@
 """Step 2: a dataset row becomes the chat messages the model is prompted with.
 
 Contents pass through untouched (no strip, no normalization): the drafter must learn from exactly
-what the target model saw. A multi-turn row is cut after its last user turn; the dataset's own
-assistant turns before it stay as context.
+what the target model saw. Under ``turns = "last"`` a multi-turn row is cut after its last user
+turn; the dataset's own assistant turns before it stay as context. Under ``turns = "all"`` the
+whole conversation is read (``row_messages``) and ``source/conversations.py`` splits it into the
+turns regenerated one after the other.
 """
 
 from __future__ import annotations
@@ -72,8 +74,9 @@ def _message(turn: Any, where: str, role_key: str, text_key: str, roles: dict[st
     return {"role": roles[role], "content": content}
 
 
-def to_messages(data: dict[str, Any], settings: DatasetSettings) -> list[Message]:
-    """The prompt messages for one row, or ``BadRowError`` naming what is wrong with it."""
+def row_messages(data: dict[str, Any], settings: DatasetSettings) -> list[Message]:
+    """Every message of one row, as the dataset has them (the configured system prompt first
+    where the row has none), or ``BadRowError`` naming what is wrong with it."""
     schema = detect_schema(data, settings)
     if schema == "prompt":
         prompt = data.get(settings.prompt_field)
@@ -96,12 +99,18 @@ def to_messages(data: dict[str, Any], settings: DatasetSettings) -> list[Message
             _message(turn, f"messages[{i}]", "role", "content", identity)
             for i, turn in enumerate(turns)
         ]
-    last_user = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=None)
-    if last_user is None:
+    if not any(m["role"] == "user" for m in messages):
         raise BadRowError("no user turn to answer", reason="no_user_turn")
+    if settings.system_prompt is not None and messages[0]["role"] != "system":
+        messages.insert(0, {"role": "system", "content": settings.system_prompt})
+    return messages
+
+
+def to_messages(data: dict[str, Any], settings: DatasetSettings) -> list[Message]:
+    """The prompt messages for one row under ``turns = "last"``: cut after its last user turn."""
+    messages = row_messages(data, settings)
+    last_user = max(i for i, m in enumerate(messages) if m["role"] == "user")
     messages = messages[: last_user + 1]
     if not messages[-1]["content"].strip():
         raise BadRowError("the last user turn is empty", reason="empty_prompt")
-    if settings.system_prompt is not None and messages[0]["role"] != "system":
-        messages.insert(0, {"role": "system", "content": settings.system_prompt})
     return messages

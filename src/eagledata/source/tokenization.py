@@ -21,6 +21,9 @@ class LengthLimit:
 
     max_prompt_tokens: int | None
     source: str
+    bounds: tuple[int | None, int | None, int | None] = (None, None, None)
+    """What it was combined from (configured cap, max_req_input_len, context_length), so a
+    dataset with its own ``max_new_tokens`` gets its own limit (``for_max_new_tokens``)."""
 
     @classmethod
     def combine(
@@ -31,6 +34,7 @@ class LengthLimit:
         context_length: int | None,
         max_new_tokens: int,
     ) -> LengthLimit:
+        given = (configured_cap, max_req_input_len, context_length)
         bounds: list[tuple[int, str]] = []
         if configured_cap is not None:
             bounds.append((configured_cap, "generation.max_prompt_tokens"))
@@ -40,9 +44,21 @@ class LengthLimit:
             # SGLang answers 400 when prompt + max_new_tokens >= context_length.
             bounds.append((context_length - max_new_tokens - 1, "server context_length"))
         if not bounds:
-            return cls(None, "none")
+            return cls(None, "none", given)
         limit, source = min(bounds)
-        return cls(max(limit, 0), source)
+        return cls(max(limit, 0), source, given)
+
+    def for_max_new_tokens(self, max_new_tokens: int) -> LengthLimit:
+        """The limit for answers of ``max_new_tokens`` (a dataset's own setting)."""
+        cap, input_len, context = self.bounds
+        if context is None:  # nothing in it depends on the answer's length
+            return self
+        return LengthLimit.combine(
+            configured_cap=cap,
+            max_req_input_len=input_len,
+            context_length=context,
+            max_new_tokens=max_new_tokens,
+        )
 
 
 class PromptTokenizer:
@@ -79,8 +95,14 @@ class PromptTokenizer:
         included. An answer holding any other id breaks the token contract."""
         return len(self._tokenizer)
 
-    def encode(self, messages: list[Message]) -> list[int]:
-        kwargs: dict[str, Any] = dict(self.settings.chat_template_kwargs)
+    def encode(
+        self, messages: list[Message], template_kwargs: dict[str, Any] | None = None
+    ) -> list[int]:
+        """The ids of ``messages`` with the generation prompt; ``template_kwargs`` (a dataset's
+        own ``chat_template_kwargs``, merged) replace the tokenizer's."""
+        kwargs: dict[str, Any] = dict(
+            self.settings.chat_template_kwargs if template_kwargs is None else template_kwargs
+        )
         try:
             ids = self._tokenizer.apply_chat_template(
                 messages, tokenize=True, add_generation_prompt=True, return_dict=False, **kwargs
