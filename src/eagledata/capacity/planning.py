@@ -73,7 +73,12 @@ def live_row(
         max_running_requests=facts.max_running_requests,
         context_length=facts.context_length,
         status="measured pool (from /server_info)",
-    ).model_copy(update={"evidence": "measured"})
+    ).model_copy(
+        update={
+            "evidence": "measured",
+            "sglang_versions": [facts.version] if facts.version else [],
+        }
+    )
     spec = facts.speculative
     if spec is None or not row.starts:
         return row
