@@ -56,6 +56,13 @@ class ServerFactsRules(_Strict):
     get_load: bool
 
 
+class CheckRules(_Strict):
+    pins: list[str] = []
+    """Packages this release needs at versions of its own to import its code on a CPU machine
+    (its transformers and what that pins), installed beside it by the tests that prove the
+    file (``tests/sglangkit.py``)."""
+
+
 class Release(_Strict):
     """One supported SGLang release (a file of ``configs/sglang-releases/``)."""
 
@@ -65,6 +72,7 @@ class Release(_Strict):
     refuses: dict[str, str] = {}
     """Condition (:data:`CONDITIONS`) -> why this release refuses it."""
     server: ServerFactsRules
+    check: CheckRules = CheckRules()
 
     @property
     def key(self) -> tuple[int, ...]:
