@@ -20,8 +20,10 @@ from eagledata.capacity.speculative import SPEEDUP_BATCHES, SpecModel
 from eagledata.cli import app
 from eagledata.errors import CanaryDriftError, ConfigError, LaunchError
 from eagledata.profiles.profile import ThroughputSection, load_profiles, parse_profile
+from eagledata.profiles.releases import supported_versions
 from eagledata.run import pipeline
 from eagledata.rundir.status import run_status
+from eagledata.server.client import LOADS_ROUTE
 from eagledata.server.launch import build_launch_command
 from eagledata.server.loads import parse_metrics, parse_v1_loads
 from eagledata.server.serverfacts import ServerFacts, evaluate_kv_guard
@@ -39,11 +41,14 @@ def _repo_cwd(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("EAGLEDATA_CONFIG", raising=False)
 
 
-def spec_sim(tokenizer_dir: str, latency_s: float = 0.0, **speculative: Any) -> SimServerThread:
+def spec_sim(
+    tokenizer_dir: str, latency_s: float = 0.0, version: str = "0.5.9", **speculative: Any
+) -> SimServerThread:
     return SimServerThread(
         sim_config(
             tokenizer_dir,
             latency_s=latency_s,
+            version=version,
             speculative={"accept_length": 2.5, **speculative},
         )
     )
@@ -252,11 +257,14 @@ def test_a_clean_speculative_server_passes(tokenizer_dir: str) -> None:
 # --- measured, not assumed --------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("version", supported_versions())
 def test_records_keep_verify_counts_and_status_measures_acceptance(
-    tokenizer_dir: str, tmp_path: Path
+    tokenizer_dir: str, tmp_path: Path, version: str
 ) -> None:
+    """In every release's shapes (a server of 0.5.9 could not run EAGLE-3 on Kimi-K2.5, but its
+    reporting is what eagledata reads of other models)."""
     out = tmp_path / "run"
-    with spec_sim(tokenizer_dir, latency_s=0.05) as sim:  # a run long enough to sample
+    with spec_sim(tokenizer_dir, latency_s=0.05, version=version) as sim:  # long enough to sample
         config = make_config(
             [sim.url],
             out,
@@ -267,7 +275,10 @@ def test_records_keep_verify_counts_and_status_measures_acceptance(
         summary = pipeline.generate(config, str(SAMPLES / "sharegpt.jsonl"), None, progress=False)
         facts = _facts(sim.url)
         metrics = httpx.get(f"{sim.url}/metrics").text
-        loads = parse_v1_loads(httpx.get(f"{sim.url}/v1/loads").json())
+        loads = parse_v1_loads(httpx.get(f"{sim.url}{LOADS_ROUTE}").json())
+        # the speculative section comes only when asked for (include=spec), in every release
+        bare = httpx.get(f"{sim.url}/v1/loads?include=core,memory,queues").json()
+        assert all("speculative" not in entry for entry in bare["loads"])
         gauges = parse_metrics(metrics)
     records = read_records(out)
     assert summary.written == len(records) > 10

@@ -227,6 +227,14 @@ def sim_server(
     port: Annotated[int, typer.Option(help="Port; 0 picks a free one")] = 30000,
     tokenizer: Annotated[str | None, typer.Option(help="Tokenizer dir used to decode text")] = None,
     kv_cache_dtype: Annotated[str, typer.Option(help="Reported --kv-cache-dtype")] = "bf16",
+    sglang_version: Annotated[
+        str,
+        typer.Option(
+            metavar="V",
+            help="The SGLang release it speaks: its /server_info, /v1/loads, /metrics and "
+            "/generate shapes (0.5.9, 0.5.15.post1, 0.5.23)",
+        ),
+    ] = "0.5.9",
     latency: Annotated[float, typer.Option(help="Seconds per request")] = 0.0,
     option: Annotated[
         list[str] | None,
@@ -240,7 +248,11 @@ def sim_server(
     from eagledata.simserver import SimConfig, run_sim_server
 
     def build() -> SimConfig:
-        fields: dict[str, Any] = {"kv_cache_dtype": kv_cache_dtype, "latency_s": latency}
+        fields: dict[str, Any] = {
+            "kv_cache_dtype": kv_cache_dtype,
+            "latency_s": latency,
+            "version": sglang_version,
+        }
         if tokenizer:
             fields["tokenizer_path"] = resolve_bundled(tokenizer)
         for pair in option or []:
