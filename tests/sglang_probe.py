@@ -501,7 +501,7 @@ def kv_flags(module: types.ModuleType) -> dict[str, Any]:
             "choices": plain(list(action.choices or [])),
             "shortest_prefix": shortest,
         }
-    return {"dests": found, "options": len(options)}
+    return {"dests": found, "options": sorted(set(options))}
 
 
 # --- /generate bodies ---------------------------------------------------------------------------

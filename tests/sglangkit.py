@@ -128,11 +128,3 @@ def probe(release: Release, job: Mapping[str, Any]) -> dict[str, Any]:
 
 def supported() -> tuple[Release, ...]:
     return releases()
-
-
-def build_seconds() -> dict[str, str]:
-    """How long each folder took to build (the README's test section quotes it)."""
-    found = {}
-    for path in sorted(ROOT.glob("*/.build-seconds")):
-        found[path.parent.name] = path.read_text().strip()
-    return found

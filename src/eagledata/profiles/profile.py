@@ -414,8 +414,13 @@ class Profile(_Strict):
     def server_argv(self, version: str) -> list[str]:
         """The ``launch_server`` arguments this profile means on sglang ``version``, in file
         order, host/port last."""
+        return self.render(self.release(version))
+
+    def render(self, release: Release) -> list[str]:
+        """The arguments in ``release``'s spelling, whether or not the profile runs on it
+        (the tests show such a release refusing them)."""
         argv: list[str] = []
-        for key, value in render_args(self.sglang_args, self.release(version)):
+        for key, value in render_args(self.sglang_args, release):
             flag = f"--{key}"
             if value is True:
                 argv.append(flag)
