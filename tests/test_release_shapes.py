@@ -302,3 +302,24 @@ def test_a_guard_refusal_of_a_dcp8_fp8_server_stops_the_run(
         )
         with pytest.raises(ServerRefusedError, match="35,136 B per KV token"):
             pipeline.generate(config, DATASET, None, progress=False)
+
+
+def test_a_run_on_a_release_this_eagledata_does_not_know_says_so_once_and_goes_on(
+    tokenizer_dir: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Pinned with both fields (each known release drops or aliases the other): the canary's
+    warm-ups and scorings still land on their rank."""
+    out = tmp_path / "run"
+    with SimServerThread(sim_config(tokenizer_dir, version="0.5.99", **DPA4)) as sim:
+        config = make_config(
+            [sim.url], out, run={"concurrency": "auto"}, load={"poll_interval_s": 0.05}
+        )
+        summary = pipeline.generate(config, DATASET, None, progress=False)
+        pinned = sim.stats()["dispatched"]["pinned"]
+    assert (summary.written, summary.failed) == (40, 0)
+    assert sum(pinned) >= 40 and all(share > 0 for share in pinned)
+    said = [line for line in capsys.readouterr().err.splitlines() if "is not a release" in line]
+    assert said == [
+        f"{sim.url}: sglang 0.5.99 is not a release this eagledata knows (0.5.9, 0.5.15.post1, "
+        "0.5.23): read as 0.5.23; checks that depend on what changed since are skipped"
+    ]
