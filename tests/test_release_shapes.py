@@ -10,6 +10,7 @@ the server drops (every pin lost)."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ import orjson
 import pytest
 from typer.testing import CliRunner
 
-from conftest import SAMPLES, make_config, read_records, sim_config
+from conftest import SAMPLES, eagledata_cmd, make_config, read_records, sim_config
 from eagledata.capacity import REFERENCE_WORKLOAD
 from eagledata.capacity.planning import live_row
 from eagledata.cli import app
@@ -323,3 +324,18 @@ def test_a_run_on_a_release_this_eagledata_does_not_know_says_so_once_and_goes_o
         f"{sim.url}: sglang 0.5.99 is not a release this eagledata knows (0.5.9, 0.5.15.post1, "
         "0.5.23): read as 0.5.23; checks that depend on what changed since are skipped"
     ]
+
+
+def test_sim_server_speaks_the_release_it_is_told() -> None:
+    layout = ["--set", "tp_size=8", "--set", "dp_size=4", "--set", "enable_dp_attention=true"]
+    argv = ["sim-server", "--port", "0", "--sglang-version", "0.5.23", *layout]
+    process = subprocess.Popen(eagledata_cmd(*argv), stdout=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout is not None
+        url = process.stdout.readline().split()[-1]
+        info = httpx.get(url + "/server_info", timeout=30).json()
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+    assert info["version"] == "0.5.23"
+    assert (info["dp_size"], info["attn_dp_size"], info["enable_dp_attention"]) == (1, 4, True)
