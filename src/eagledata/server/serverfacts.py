@@ -523,7 +523,7 @@ def format_facts(facts: ServerFacts, verdict: GuardVerdict) -> str:
         (
             "parallelism",
             f"TP {_fmt(facts.tp_size)}, {layout}"
-            + (f", DCP {facts.dcp_size}" if facts.dcp_size else ""),
+            + (f", DCP {facts.dcp_size}" if (facts.dcp_size or 1) > 1 else ""),
         ),
         ("hierarchical cache", _on_off(facts.enable_hierarchical_cache)),
         ("mem fraction static", _fmt(facts.mem_fraction_static)),
