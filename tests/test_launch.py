@@ -21,7 +21,9 @@ from eagledata.profiles.profile import Profile, list_profiles, load_profile, par
 from eagledata.server.launch import (
     build_launch_command,
     check_server_args,
+    choose_version,
     format_command,
+    installed_sglang_version,
     launch_and_wait,
     model_from_argv,
     wait_for_health,
@@ -543,3 +545,61 @@ def test_health_deadline() -> None:
     )
     assert seen[0] == "waiting for http://server:30000/health: HTTP 503 (0s)"
     assert len(seen) == 6
+
+
+# --- which release is launched ---------------------------------------------------------------
+
+
+def test_the_installed_release_is_read_from_the_launch_interpreter(tmp_path: Path) -> None:
+    """``SGLANG_PYTHON``'s own metadata says which sglang it has (nothing is imported)."""
+    site = tmp_path / "site"
+    (site / "sglang-0.5.23.dist-info").mkdir(parents=True)
+    (site / "sglang-0.5.23.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: sglang\nVersion: 0.5.23\n"
+    )
+    python = tmp_path / "python-with-sglang"
+    python.write_text(f'#!/bin/sh\nPYTHONPATH="{site}" exec "{sys.executable}" "$@"\n')
+    python.chmod(python.stat().st_mode | stat.S_IXUSR)
+    assert installed_sglang_version(str(python)) == "0.5.23"
+    assert installed_sglang_version(sys.executable) is None  # the project's venv has none
+    assert installed_sglang_version(str(tmp_path / "no-such-python")) is None
+
+
+@pytest.mark.parametrize(
+    ("requested", "installed", "dry_run", "expected"),
+    [
+        (None, "0.5.15.post1", False, ("0.5.15.post1", "sglang 0.5.15.post1 (installed for py)")),
+        (None, None, True, ("0.5.23", "no sglang installed for py (SGLANG_PYTHON): the sglang "
+                                      "0.5.23 form; --sglang-version V shows another")),
+        ("0.5.9", "0.5.23", True, ("0.5.9", "sglang 0.5.9 form (sglang 0.5.23 is installed)")),
+        ("0.5.23", "0.5.24", False, ("0.5.23", "sglang 0.5.23 form (sglang 0.5.24 is installed)")),
+    ],
+)  # fmt: skip
+def test_the_release_rendered_is_the_one_asked_for_else_the_installed_one(
+    requested: str | None, installed: str | None, dry_run: bool, expected: tuple[str, str]
+) -> None:
+    chosen = choose_version(
+        profile("kimi-k25-dpa4"),
+        requested=requested,
+        installed=installed,
+        python="py",
+        dry_run=dry_run,
+    )
+    assert chosen == expected
+
+
+def test_an_installed_release_the_profile_lacks_is_one_line_naming_the_fix() -> None:
+    with pytest.raises(ConfigError) as caught:
+        choose_version(
+            profile("kimi-k25-dcp8"), requested=None, installed="0.5.9", python="py", dry_run=False
+        )
+    message = str(caught.value)
+    assert message.startswith("profile kimi-k25-dcp8 has no form for sglang 0.5.9 (no --dcp-size")
+    assert message.endswith(
+        "(sglang 0.5.9 is installed for py). Fix: install one of those, or pass "
+        "--sglang-version V to launch V's form anyway"
+    )
+    with pytest.raises(LaunchError, match="no sglang installed for py"):
+        choose_version(
+            profile("kimi-k25-dcp8"), requested=None, installed=None, python="py", dry_run=False
+        )
