@@ -18,7 +18,10 @@ from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).resolve().parent
 # (source relative to the checkout, patterns to ship); keep in step with MANIFEST.in
-SHIPPED = (("configs", ("*.toml", "profiles/*.toml")), ("scripts", ("launch_sglang.sh",)))
+SHIPPED = (
+    ("configs", ("*.toml", "profiles/*.toml", "sglang-releases/*.toml")),
+    ("scripts", ("launch_sglang.sh",)),
+)
 
 
 class BuildPyShippingConfigs(build_py):

@@ -7,12 +7,15 @@
 #   * exactly bf16/bfloat16 after every --kv-cache-dtype (also --kv-cache-dtype=VALUE and the
 #     abbreviations argparse accepts, such as --kv-cache);
 #   * at least one --kv-cache-dtype;
+#   * exactly bf16/bfloat16 after every --speculative-draft-kv-cache-dtype (SGLang 0.5.23: the
+#     draft model's own KV dtype; by default it follows --kv-cache-dtype);
 #   * no --quantization-param-path (fp8 KV scales) and no --config (a YAML could set the dtype).
 #
 # SGLANG_PYTHON picks the interpreter (default: python).
 set -euo pipefail
 
 readonly KV_FLAG="--kv-cache-dtype"
+readonly DRAFT_KV_FLAG="--speculative-draft-kv-cache-dtype"
 readonly SCALES_FLAG="--quantization-param-path"
 readonly CONFIG_FLAG="--config"
 
@@ -38,21 +41,25 @@ check_kv_value() {
 
 kv_seen=0
 pending_kv_flag=""
+pending_is_target=0
 for arg in "$@"; do
     if [[ -n "$pending_kv_flag" ]]; then
         check_kv_value "$pending_kv_flag" "$arg"
         pending_kv_flag=""
-        kv_seen=1
+        [[ "$pending_is_target" -eq 1 ]] && kv_seen=1
         continue
     fi
     [[ "$arg" == --* ]] || continue
     name="${arg%%=*}"
-    if means_flag "$name" "$KV_FLAG" 6; then
+    if means_flag "$name" "$KV_FLAG" 6 || means_flag "$name" "$DRAFT_KV_FLAG" 21; then
+        target=0
+        means_flag "$name" "$KV_FLAG" 6 && target=1
         if [[ "$arg" == *=* ]]; then
             check_kv_value "$name" "${arg#*=}"
-            kv_seen=1
+            [[ "$target" -eq 1 ]] && kv_seen=1
         else
             pending_kv_flag="$name"
+            pending_is_target=$target
         fi
     elif means_flag "$name" "$SCALES_FLAG" 15; then
         refuse "$name: fp8 KV scaling factors are never used with a bf16 KV cache; remove it"

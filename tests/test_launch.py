@@ -21,7 +21,9 @@ from eagledata.profiles.profile import Profile, list_profiles, load_profile, par
 from eagledata.server.launch import (
     build_launch_command,
     check_server_args,
+    choose_version,
     format_command,
+    installed_sglang_version,
     launch_and_wait,
     model_from_argv,
     wait_for_health,
@@ -35,6 +37,17 @@ LAUNCHABLE = ["kimi-k25-reference-bf16", "kimi-k25-tp8", "kimi-k25-dpa4", "kimi-
 
 def profile(name: str) -> Profile:
     return load_profile(name, PROFILES_DIR)
+
+
+def build(
+    chosen: Profile,
+    extra: list[str] | tuple[str, ...] = (),
+    *,
+    version: str | None = None,
+    **options: Any,
+) -> list[str]:
+    """The launch command of ``chosen`` on ``version`` (default: the newest it runs on)."""
+    return build_launch_command(chosen, extra, version=version or chosen.newest_version, **options)
 
 
 def profile_data(name: str) -> dict[str, Any]:
@@ -51,7 +64,7 @@ def test_shipped_profiles() -> None:
 
 
 def test_dry_run_command_of_the_tuned_tp8_profile() -> None:
-    command = build_launch_command(profile("kimi-k25-tp8"))
+    command = build(profile("kimi-k25-tp8"), version="0.5.9")
     assert command == [
         "scripts/launch_sglang.sh",
         "--model-path", "moonshotai/Kimi-K2.5",
@@ -78,7 +91,7 @@ def test_dry_run_command_of_the_tuned_tp8_profile() -> None:
 
 @pytest.mark.parametrize("name", LAUNCHABLE)
 def test_dry_run_command_of_every_launchable_profile(name: str) -> None:
-    command = build_launch_command(profile(name), script="scripts/launch_sglang.sh")
+    command = build(profile(name), script="scripts/launch_sglang.sh")
     assert command[0] == "scripts/launch_sglang.sh"
     assert command.count("--kv-cache-dtype") == 1
     assert command[command.index("--kv-cache-dtype") + 1] == "bf16"
@@ -88,15 +101,59 @@ def test_dry_run_command_of_every_launchable_profile(name: str) -> None:
 
 
 def test_dcp_and_dpa_profiles_emit_their_parallelism() -> None:
-    dcp = build_launch_command(profile("kimi-k25-dcp8"))
+    dcp = build(profile("kimi-k25-dcp8"))
     assert dcp[dcp.index("--dcp-size") + 1] == "8"
     assert "--cuda-graph-max-bs-decode" in dcp  # 0.5.15 renamed the flag
-    dpa = build_launch_command(profile("kimi-k25-dpa4"))
+    dpa = build(profile("kimi-k25-dpa4"), version="0.5.9")
     assert "--enable-dp-attention" in dpa and dpa[dpa.index("--dp-size") + 1] == "4"
 
 
+def test_each_release_gets_its_own_spelling() -> None:
+    """One profile, three forms: 0.5.9 has only --cuda-graph-max-bs; 0.5.15.post1 deprecates
+    it for --cuda-graph-max-bs-decode; 0.5.23 drops it and spells DP attention
+    --attn-dp-size (configs/sglang-releases/)."""
+    dpa4 = profile("kimi-k25-dpa4")
+    forms = {v: build(dpa4, version=v) for v in ("0.5.9", "0.5.15.post1", "0.5.23")}
+    assert forms["0.5.9"][forms["0.5.9"].index("--cuda-graph-max-bs") + 1] == "48"
+    assert "--cuda-graph-max-bs" not in forms["0.5.15.post1"] + forms["0.5.23"]
+    for version in ("0.5.15.post1", "0.5.23"):
+        form = forms[version]
+        assert form[form.index("--cuda-graph-max-bs-decode") + 1] == "48"
+    for version in ("0.5.9", "0.5.15.post1"):
+        form = forms[version]
+        assert "--enable-dp-attention" in form and form[form.index("--dp-size") + 1] == "4"
+        assert "--attn-dp-size" not in form
+    new = forms["0.5.23"]
+    assert new[new.index("--attn-dp-size") + 1] == "4"
+    assert "--dp-size" not in new and "--enable-dp-attention" not in new
+    # everything else the same, in the same order
+    assert new.index("--attn-dp-size") == forms["0.5.9"].index("--dp-size")
+    assert len(forms["0.5.9"]) == len(new) + 1
+
+
+@pytest.mark.parametrize(
+    ("name", "version", "why"),
+    [
+        ("kimi-k25-dcp8", "0.5.9", "no --dcp-size"),
+        ("kimi-k25-tp8-eagle3", "0.5.9", "refuses kimi-k25-eagle3"),
+        ("kimi-k25-dcp8-eagle3", "0.5.15.post1", "refuses speculative-with-dcp"),
+        ("kimi-k25-tp8", "0.5.99", "not a release eagledata knows"),
+    ],
+)
+def test_a_release_without_a_form_is_one_line_naming_those_with_one(
+    name: str, version: str, why: str
+) -> None:
+    chosen = profile(name)
+    with pytest.raises(ConfigError) as caught:
+        build(chosen, version=version)
+    message = str(caught.value)
+    assert "\n" not in message and why in message
+    assert message.startswith(f"profile {name} has no form for sglang {version} (")
+    assert message.endswith(f"; it runs on {', '.join(chosen.sglang_versions)}")
+
+
 def test_extra_arguments_come_last_and_are_quoted() -> None:
-    command = build_launch_command(
+    command = build(
         profile("kimi-k25-tp8"),
         ["--mem-fraction-static", "0.88", "--served-model-name", "kimi k2.5"],
     )
@@ -105,8 +162,8 @@ def test_extra_arguments_come_last_and_are_quoted() -> None:
 
 
 def test_bf16_overrides_are_accepted() -> None:
-    build_launch_command(profile("kimi-k25-tp8"), ["--kv-cache-dtype", "bfloat16"])
-    build_launch_command(profile("kimi-k25-tp8"), ["--kv-cache-dtype=bf16"])
+    build(profile("kimi-k25-tp8"), ["--kv-cache-dtype", "bfloat16"])
+    build(profile("kimi-k25-tp8"), ["--kv-cache-dtype=bf16"])
 
 
 # --- refusals -------------------------------------------------------------------------------
@@ -127,7 +184,7 @@ def test_bf16_overrides_are_accepted() -> None:
 )
 def test_non_bf16_kv_overrides_are_refused(extra: list[str], flag_and_value: str) -> None:
     with pytest.raises(LaunchError) as caught:
-        build_launch_command(profile("kimi-k25-tp8"), extra)
+        build(profile("kimi-k25-tp8"), extra)
     message = str(caught.value)
     assert message.startswith(f"refused {flag_and_value}: ")
     assert "fp8 KV cache degraded Kimi-K2.5" in message
@@ -138,7 +195,7 @@ def test_non_bf16_kv_overrides_are_refused(extra: list[str], flag_and_value: str
 
 def test_auto_is_refused_with_its_own_reason() -> None:
     with pytest.raises(LaunchError) as caught:
-        build_launch_command(profile("kimi-k25-tp8"), ["--kv-cache-dtype", "auto"])
+        build(profile("kimi-k25-tp8"), ["--kv-cache-dtype", "auto"])
     assert str(caught.value).startswith(
         "refused --kv-cache-dtype auto: SGLang silently resolves 'auto' to fp8"
     )
@@ -156,7 +213,7 @@ def test_auto_is_refused_with_its_own_reason() -> None:
 )
 def test_kv_quantizing_or_hiding_flags_are_refused(extra: list[str], start: str) -> None:
     with pytest.raises(LaunchError) as caught:
-        build_launch_command(profile("kimi-k25-tp8"), extra)
+        build(profile("kimi-k25-tp8"), extra)
     assert str(caught.value).startswith(start)
     assert "Fix:" in str(caught.value)
 
@@ -174,7 +231,7 @@ def test_plan_only_profile_is_refused() -> None:
     rejected = profile("kimi-k25-fp8-rejected")
     assert rejected.plan_only
     with pytest.raises(LaunchError) as caught:
-        build_launch_command(rejected)
+        build(rejected)
     message = str(caught.value)
     assert message.startswith("refused profile 'kimi-k25-fp8-rejected': it is plan_only")
     assert "kv-cache-dtype fp8_e4m3" in message and "Fix: launch a bf16 profile" in message
@@ -291,9 +348,7 @@ def test_script_execs_sglang_with_the_arguments_unchanged(
     recording_python: tuple[Path, Path],
 ) -> None:
     fake, record = recording_python
-    args = build_launch_command(profile("kimi-k25-tp8"), ["--served-model-name", "a b; rm -rf /"])[
-        1:
-    ]
+    args = build(profile("kimi-k25-tp8"), ["--served-model-name", "a b; rm -rf /"])[1:]
     result = run_script(fake, *args)
     assert result.returncode == 0, result.stderr
     assert record.read_text().splitlines() == ["-m", "sglang.launch_server", *args]
@@ -312,6 +367,10 @@ def test_script_execs_sglang_with_the_arguments_unchanged(
         ["--kv-cache-dtype"],
         ["--kv-cache-dtype", "bf16", "--quantization-param-path", "s.json"],
         ["--kv-cache-dtype", "bf16", "--config", "c.yaml"],
+        ["--kv-cache-dtype", "bf16", "--speculative-draft-kv-cache-dtype", "fp8_e4m3"],
+        ["--kv-cache-dtype", "bf16", "--speculative-draft-kv-cache-dtype=auto"],
+        ["--kv-cache-dtype", "bf16", "--speculative-draft-k", "fp8_e5m2"],
+        ["--speculative-draft-kv-cache-dtype", "bf16"],  # the draft's is not the target's
     ],
 )
 def test_script_refuses_non_bf16(recording_python: tuple[Path, Path], args: list[str]) -> None:
@@ -406,6 +465,7 @@ def test_launch_waits_for_health_and_passes_the_guard(fake_sglang: dict[str, str
     progress: list[str] = []
     result = launch_and_wait(
         tp8_on_free_port(),
+        version="0.5.9",
         script=SCRIPT,
         env=fake_sglang,
         deadline_s=30,
@@ -427,7 +487,12 @@ def test_launch_waits_for_health_and_passes_the_guard(fake_sglang: dict[str, str
 def test_launch_stops_a_server_the_guard_refuses(fake_sglang: dict[str, str]) -> None:
     env = {**fake_sglang, "FAKE_INTERNAL_KV": "fp8_e4m3"}
     result = launch_and_wait(
-        tp8_on_free_port(), script=SCRIPT, env=env, deadline_s=30, poll_interval_s=0.05
+        tp8_on_free_port(),
+        version="0.5.9",
+        script=SCRIPT,
+        env=env,
+        deadline_s=30,
+        poll_interval_s=0.05,
     )
     assert not result.verdict.ok
     assert result.verdict.problems[0] == "internal_states[0].kv_cache_dtype is 'fp8_e4m3', not bf16"
@@ -438,13 +503,23 @@ def test_launch_reports_a_server_that_dies(fake_sglang: dict[str, str]) -> None:
     env = {**fake_sglang, "FAKE_EXIT": "3"}
     with pytest.raises(LaunchError, match="sglang exited with code 3 before"):
         launch_and_wait(
-            tp8_on_free_port(), script=SCRIPT, env=env, deadline_s=30, poll_interval_s=0.05
+            tp8_on_free_port(),
+            version="0.5.9",
+            script=SCRIPT,
+            env=env,
+            deadline_s=30,
+            poll_interval_s=0.05,
         )
 
 
 def test_launch_with_a_missing_script() -> None:
     with pytest.raises(LaunchError, match=r"cannot start /nonexistent/launch_sglang\.sh"):
-        launch_and_wait(tp8_on_free_port(), script="/nonexistent/launch_sglang.sh", deadline_s=1)
+        launch_and_wait(
+            tp8_on_free_port(),
+            version="0.5.9",
+            script="/nonexistent/launch_sglang.sh",
+            deadline_s=1,
+        )
 
 
 def test_health_deadline() -> None:
@@ -470,3 +545,61 @@ def test_health_deadline() -> None:
     )
     assert seen[0] == "waiting for http://server:30000/health: HTTP 503 (0s)"
     assert len(seen) == 6
+
+
+# --- which release is launched ---------------------------------------------------------------
+
+
+def test_the_installed_release_is_read_from_the_launch_interpreter(tmp_path: Path) -> None:
+    """``SGLANG_PYTHON``'s own metadata says which sglang it has (nothing is imported)."""
+    site = tmp_path / "site"
+    (site / "sglang-0.5.23.dist-info").mkdir(parents=True)
+    (site / "sglang-0.5.23.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: sglang\nVersion: 0.5.23\n"
+    )
+    python = tmp_path / "python-with-sglang"
+    python.write_text(f'#!/bin/sh\nPYTHONPATH="{site}" exec "{sys.executable}" "$@"\n')
+    python.chmod(python.stat().st_mode | stat.S_IXUSR)
+    assert installed_sglang_version(str(python)) == "0.5.23"
+    assert installed_sglang_version(sys.executable) is None  # the project's venv has none
+    assert installed_sglang_version(str(tmp_path / "no-such-python")) is None
+
+
+@pytest.mark.parametrize(
+    ("requested", "installed", "dry_run", "expected"),
+    [
+        (None, "0.5.15.post1", False, ("0.5.15.post1", "sglang 0.5.15.post1 (installed for py)")),
+        (None, None, True, ("0.5.23", "no sglang installed for py (SGLANG_PYTHON): the sglang "
+                                      "0.5.23 form; --sglang-version V shows another")),
+        ("0.5.9", "0.5.23", True, ("0.5.9", "sglang 0.5.9 form (sglang 0.5.23 is installed)")),
+        ("0.5.23", "0.5.24", False, ("0.5.23", "sglang 0.5.23 form (sglang 0.5.24 is installed)")),
+    ],
+)  # fmt: skip
+def test_the_release_rendered_is_the_one_asked_for_else_the_installed_one(
+    requested: str | None, installed: str | None, dry_run: bool, expected: tuple[str, str]
+) -> None:
+    chosen = choose_version(
+        profile("kimi-k25-dpa4"),
+        requested=requested,
+        installed=installed,
+        python="py",
+        dry_run=dry_run,
+    )
+    assert chosen == expected
+
+
+def test_an_installed_release_the_profile_lacks_is_one_line_naming_the_fix() -> None:
+    with pytest.raises(ConfigError) as caught:
+        choose_version(
+            profile("kimi-k25-dcp8"), requested=None, installed="0.5.9", python="py", dry_run=False
+        )
+    message = str(caught.value)
+    assert message.startswith("profile kimi-k25-dcp8 has no form for sglang 0.5.9 (no --dcp-size")
+    assert message.endswith(
+        "(sglang 0.5.9 is installed for py). Fix: install one of those, or pass "
+        "--sglang-version V to launch V's form anyway"
+    )
+    with pytest.raises(LaunchError, match="no sglang installed for py"):
+        choose_version(
+            profile("kimi-k25-dcp8"), requested=None, installed=None, python="py", dry_run=False
+        )

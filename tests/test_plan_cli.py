@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -77,12 +78,53 @@ def test_check_server_verdict_and_exit_code(
     assert "moonshotai/Kimi-K2.5" in result.output
 
 
-def test_launch_server_dry_run_prints_the_exact_bf16_command() -> None:
-    result = runner.invoke(app, ["launch-server", "--profile", "kimi-k25-dpa4", "--dry-run"])
+@pytest.mark.parametrize(
+    ("version", "dp_attention"),
+    [
+        ("0.5.9", "--dp-size 4 --enable-dp-attention"),
+        ("0.5.15.post1", "--dp-size 4 --enable-dp-attention"),
+        ("0.5.23", "--attn-dp-size 4"),
+    ],
+)
+def test_launch_server_dry_run_prints_the_exact_bf16_command_of_each_release(
+    version: str, dp_attention: str
+) -> None:
+    result = runner.invoke(
+        app,
+        ["launch-server", "--profile", "kimi-k25-dpa4", "--sglang-version", version, "--dry-run"],
+    )
     assert result.exit_code == 0, result.output
-    line = result.stdout.strip()  # the command alone; which profile it is goes to stderr
-    assert line.startswith("scripts/launch_sglang.sh --model-path moonshotai/Kimi-K2.5")
-    assert "--kv-cache-dtype bf16" in line and "--enable-dp-attention" in line
+    lines = result.stdout.splitlines()  # the command alone; which profile it is goes to stderr
+    assert len(lines) == 1
+    script, rest = lines[0].split(" ", 1)
+    assert script == "scripts/launch_sglang.sh" and rest.startswith("--model-path moonshotai/")
+    assert "--kv-cache-dtype bf16" in rest and f" {dp_attention} " in rest
+    assert f"sglang {version} form" in result.stderr
+
+
+def test_launch_server_dry_run_for_a_release_the_profile_lacks_names_those_it_has() -> None:
+    result = runner.invoke(
+        app,
+        ["launch-server", "--profile", "kimi-k25-dcp8", "--sglang-version", "0.5.9", "--dry-run"],
+    )
+    assert result.exit_code != 0
+    assert result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1
+    assert lines[0].startswith(
+        "eagledata: error: profile kimi-k25-dcp8 has no form for sglang 0.5.9"
+    )
+    assert lines[0].endswith("it runs on 0.5.15.post1, 0.5.23")
+
+
+def test_plan_json_names_each_profiles_releases() -> None:
+    result = runner.invoke(app, ["plan", "--json"])
+    assert result.exit_code == 0, result.output
+    rows = {row["profile"]: row for row in json.loads(result.stdout)["profiles"]}
+    assert rows["kimi-k25-dcp8-eagle3"]["sglang_versions"] == ["0.5.23"]
+    assert rows["kimi-k25-dcp8"]["sglang_versions"] == ["0.5.15.post1", "0.5.23"]
+    assert rows["kimi-k25-tp8"]["sglang_versions"] == ["0.5.9", "0.5.15.post1", "0.5.23"]
+    assert all(row["sglang_versions"] for row in rows.values())
 
 
 def test_launch_server_refuses_an_fp8_override_in_one_line() -> None:

@@ -20,17 +20,17 @@ from eagledata.capacity.speculative import SPEEDUP_BATCHES, SpecModel
 from eagledata.cli import app
 from eagledata.errors import CanaryDriftError, ConfigError, LaunchError
 from eagledata.profiles.profile import ThroughputSection, load_profiles, parse_profile
+from eagledata.profiles.releases import supported_versions
 from eagledata.run import pipeline
 from eagledata.rundir.status import run_status
+from eagledata.server.client import LOADS_ROUTE
 from eagledata.server.launch import build_launch_command
 from eagledata.server.loads import parse_metrics, parse_v1_loads
 from eagledata.server.serverfacts import ServerFacts, evaluate_kv_guard
-from eagledata.server.sglang_flags import DCP_SGLANG_VERSION, contract_path, load_contract
 from eagledata.simserver import SimServerThread
 
 PROFILES_DIR = REPO / "configs" / "profiles"
-DATA = REPO / "tests" / "data"
-SPEC_PROFILES = ("kimi-k25-tp8-eagle3", "kimi-k25-dpa4-eagle3")
+SPEC_PROFILES = ("kimi-k25-tp8-eagle3", "kimi-k25-dpa4-eagle3", "kimi-k25-dcp8-eagle3")
 FIT = ThroughputSection()
 runner = CliRunner()
 
@@ -41,11 +41,14 @@ def _repo_cwd(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("EAGLEDATA_CONFIG", raising=False)
 
 
-def spec_sim(tokenizer_dir: str, latency_s: float = 0.0, **speculative: Any) -> SimServerThread:
+def spec_sim(
+    tokenizer_dir: str, latency_s: float = 0.0, version: str = "0.5.9", **speculative: Any
+) -> SimServerThread:
     return SimServerThread(
         sim_config(
             tokenizer_dir,
             latency_s=latency_s,
+            version=version,
             speculative={"accept_length": 2.5, **speculative},
         )
     )
@@ -55,19 +58,20 @@ def spec_sim(tokenizer_dir: str, latency_s: float = 0.0, **speculative: Any) -> 
 
 
 @pytest.mark.parametrize("name", SPEC_PROFILES)
-def test_eagle3_profiles_pin_the_release_with_the_kimi_hooks(name: str) -> None:
+def test_eagle3_profiles_run_only_on_releases_with_the_kimi_hooks(name: str) -> None:
+    """0.5.9 lacks Kimi-K2.5's EAGLE-3 hooks; 0.5.15.post1 refuses speculative decoding with DCP.
+    (Every form parses with the release's own parser: tests/test_sglang_releases.py.)"""
     profile = next(p for p in load_profiles([name], PROFILES_DIR))
-    assert profile.sglang_version == DCP_SGLANG_VERSION
-    assert profile.kv_cache_dtype == "bf16" and profile.dcp_size == 1
-    contract = load_contract(contract_path(DATA, profile.sglang_version))
-    argv = profile.server_argv()
-    assert contract.check_argv(argv) == []
-    for flag in ("--speculative-algorithm", "--speculative-draft-model-path"):
-        spec = contract.resolve(flag)
-        assert spec is not None and flag in argv
-    assert argv[argv.index("--speculative-algorithm") + 1] == "EAGLE3"
-    # lossless by default: the profile never relaxes acceptance
-    assert not any("threshold" in arg for arg in argv)
+    assert "0.5.9" not in profile.sglang_versions and "0.5.23" in profile.sglang_versions
+    assert ("0.5.15.post1" in profile.sglang_versions) == (profile.dcp_size == 1)
+    assert profile.kv_cache_dtype == "bf16"
+    for version in profile.sglang_versions:
+        argv = profile.server_argv(version)
+        for flag in ("--speculative-algorithm", "--speculative-draft-model-path"):
+            assert flag in argv
+        assert argv[argv.index("--speculative-algorithm") + 1] == "EAGLE3"
+        # lossless by default: the profile never relaxes acceptance, nor the draft's KV dtype
+        assert not any("threshold" in arg or "draft-kv" in arg for arg in argv)
 
 
 def _profile_data(name: str) -> dict[str, Any]:
@@ -78,7 +82,7 @@ def _profile_data(name: str) -> dict[str, Any]:
 @pytest.mark.parametrize(
     ("mutate", "message"),
     [
-        (lambda d: d.update(sglang_version="0.5.9"), "lacks the EAGLE-3 hooks"),
+        (lambda d: d.update(sglang_versions=["0.5.9"]), "lacks set_eagle3_layers_to_capture"),
         (lambda d: d["sglang_args"].update({"dcp-size": 8}), "refuses any speculative algorithm"),
         (lambda d: d.pop("draft"), "needs a [draft] table"),
         (lambda d: d["sglang_args"].pop("max-running-requests"), "resets it to 48"),
@@ -106,9 +110,27 @@ def test_speculative_profile_errors(mutate: Any, message: str) -> None:
 def test_launch_refuses_lossy_acceptance_thresholds(extra: list[str]) -> None:
     profile = load_profiles(["kimi-k25-tp8-eagle3"], PROFILES_DIR)[0]
     with pytest.raises(LaunchError, match="relaxed speculative acceptance is lossy"):
-        build_launch_command(profile, extra)
+        build_launch_command(profile, extra, version="0.5.23")
     # the exact default passes through
-    build_launch_command(profile, ["--speculative-accept-threshold-single", "1.0"])
+    build_launch_command(
+        profile, ["--speculative-accept-threshold-single", "1.0"], version="0.5.23"
+    )
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ["--speculative-draft-kv-cache-dtype", "fp8_e4m3"],
+        ["--speculative-draft-kv-cache-dtype=auto"],
+        ["--speculative-draft-k", "fp8_e5m2"],
+    ],
+)
+def test_launch_refuses_a_draft_kv_cache_that_is_not_bf16(extra: list[str]) -> None:
+    """0.5.23's --speculative-draft-kv-cache-dtype: the draft's KV pool is held to bf16 too."""
+    profile = load_profiles(["kimi-k25-tp8-eagle3"], PROFILES_DIR)[0]
+    with pytest.raises(LaunchError, match="the draft model's KV cache must be bf16 too"):
+        build_launch_command(profile, extra, version="0.5.23")
+    build_launch_command(profile, ["--speculative-draft-kv-cache-dtype", "bf16"], version="0.5.23")
 
 
 # --- the step-cost model --------------------------------------------------------------------
@@ -235,11 +257,14 @@ def test_a_clean_speculative_server_passes(tokenizer_dir: str) -> None:
 # --- measured, not assumed --------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("version", supported_versions())
 def test_records_keep_verify_counts_and_status_measures_acceptance(
-    tokenizer_dir: str, tmp_path: Path
+    tokenizer_dir: str, tmp_path: Path, version: str
 ) -> None:
+    """In every release's shapes (a server of 0.5.9 could not run EAGLE-3 on Kimi-K2.5, but its
+    reporting is what eagledata reads of other models)."""
     out = tmp_path / "run"
-    with spec_sim(tokenizer_dir, latency_s=0.05) as sim:  # a run long enough to sample
+    with spec_sim(tokenizer_dir, latency_s=0.05, version=version) as sim:  # long enough to sample
         config = make_config(
             [sim.url],
             out,
@@ -250,7 +275,10 @@ def test_records_keep_verify_counts_and_status_measures_acceptance(
         summary = pipeline.generate(config, str(SAMPLES / "sharegpt.jsonl"), None, progress=False)
         facts = _facts(sim.url)
         metrics = httpx.get(f"{sim.url}/metrics").text
-        loads = parse_v1_loads(httpx.get(f"{sim.url}/v1/loads").json())
+        loads = parse_v1_loads(httpx.get(f"{sim.url}{LOADS_ROUTE}").json())
+        # the speculative section comes only when asked for (include=spec), in every release
+        bare = httpx.get(f"{sim.url}/v1/loads?include=core,memory,queues").json()
+        assert all("speculative" not in entry for entry in bare["loads"])
         gauges = parse_metrics(metrics)
     records = read_records(out)
     assert summary.written == len(records) > 10

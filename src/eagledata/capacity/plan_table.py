@@ -163,6 +163,8 @@ def render_plan_table(
             status = f"[{row.evidence}] {status}"
         if not row.is_bf16:
             status += f" (kv-cache-dtype {row.kv_cache_dtype}, plan only)"
+        if row.sglang_versions:
+            status += f"; sglang {', '.join(row.sglang_versions)}"
         lines += _wrap(f"{header}: {status}", width, "", "  ")
         notes: list[str] = []
         spec = row.speculative
@@ -176,6 +178,7 @@ def render_plan_table(
             )
             notes.append(format_speedups(spec))
         notes += [*row.notes, *row.profile_notes]
+        notes += [f"assumes: {assumption}" for assumption in row.assumptions]
         if row.settle:
             notes.append(f"settles it: {row.settle}")
         for note in notes:
@@ -184,7 +187,9 @@ def render_plan_table(
     lines.append("")
     lines += textwrap.wrap(PLAN_AND_CONTROLLER, width)
     lines.append("")
-    lines.append(_verdict(ordered, headers))
+    for line in _verdict(ordered, headers).splitlines():
+        indent = line[: len(line) - len(line.lstrip())]
+        lines += _wrap(line.strip(), width, indent, indent + "  ")
     return "\n".join(lines)
 
 
@@ -231,4 +236,8 @@ def _verdict(rows: Sequence[PlanRow], headers: Sequence[str]) -> str:
         text += f"\nrejected {ref_name} ({ref.kv_cache_dtype} KV): ~{ref.tok_s:,.0f} tok/s; " + (
             f"bf16 at or above it: {', '.join(beating)}" if beating else "no bf16 profile"
         )
+        if ref.tok_s > 0:
+            text += f"\n  the best bf16 profile is {best.tok_s / ref.tok_s:.2f}x it"
+            if best.assumptions:
+                text += f", on {len(best.assumptions)} assumptions never run (its 'assumes' above)"
     return text

@@ -65,6 +65,11 @@ class PlanRow(BaseModel):
     """measured, arithmetic or unverified (the profile's ``evidence``)."""
     settle: str = ""
     """The one real-rig measurement that would settle the row."""
+    sglang_versions: list[str] = []
+    """The SGLang releases the profile runs on (a live row: the server's own)."""
+    assumptions: list[str] = []
+    """Every unverified assumption the row's figures rest on (the profile's own, and an
+    acceptance length that was not measured)."""
 
     @property
     def is_bf16(self) -> bool:
@@ -251,7 +256,14 @@ def plan_profile(
         plan_only=profile.plan_only,
         status=profile.status,
         profile_notes=profile.notes,
-    ).model_copy(update={"evidence": profile.evidence, "settle": profile.settle})
+    ).model_copy(
+        update={
+            "evidence": profile.evidence,
+            "settle": profile.settle,
+            "sglang_versions": list(profile.sglang_versions),
+            "assumptions": list(profile.assumptions),
+        }
+    )
     if spec is None or not row.starts:
         return row
     fit, notes = profile.throughput, list(row.notes)
@@ -259,16 +271,25 @@ def plan_profile(
         profile=profile,
         model=spec,
         running=min(row.running, fit.max_running_fit),
-        tokens_per_rank=row.tokens_per_rank,
+        # the draft's pool has a slot per target token: every DCP rank's share, on each GPU
+        draft_slots_per_rank=row.tokens_per_rank * profile.dcp_size,
         fit=fit,
         override=accept,
         notes=notes,
     )
+    assumptions = list(row.assumptions)
+    if not plan.accept_length_measured:
+        assumptions.insert(
+            0,
+            f"acceptance {plan.accept_length:.2f} tokens per verify step "
+            f"({plan.accept_length_source}), never measured on this job's answers",
+        )
     return row.model_copy(
         update={
             "speculative": plan,
             **rate_fields(tok_s, fit.band, workload.total_output_tokens),
             "notes": notes,
+            "assumptions": assumptions,
         }
     )
 

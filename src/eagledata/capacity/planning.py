@@ -97,15 +97,22 @@ def live_row(
         label=f"live {url}",
         kv_cache_dtype=facts.kv_cache_dtype or "unknown",
         parallelism=f"TP{facts.tp_size or '?'}"
-        + (f" DPA{facts.dp_size}" if facts.enable_dp_attention else ""),
+        + (f" DPA{facts.dp_ranks}" if facts.attention_dp else "")
+        + (f" DCP{facts.dcp_size}" if (facts.dcp_size or 1) > 1 else ""),
         mem_fraction_static=facts.mem_fraction_static or 0.0,
         workload=workload,
-        tokens_per_rank=facts.max_total_num_tokens or 0,
+        # per GPU, as the profile rows count it; the server's pool, every DCP share counted
+        tokens_per_rank=(facts.rank_kv_tokens or 0) // max(1, facts.dcp_size or 1),
         system_tokens=facts.system_kv_tokens or 0,
         max_running_requests=facts.max_running_requests,
         context_length=facts.context_length,
         status="measured pool (from /server_info)",
-    ).model_copy(update={"evidence": "measured"})
+    ).model_copy(
+        update={
+            "evidence": "measured",
+            "sglang_versions": [facts.version] if facts.version else [],
+        }
+    )
     spec = facts.speculative
     if spec is None or not row.starts:
         return row

@@ -149,16 +149,18 @@ def plan_speculative(
     profile: Profile,
     model: SpecModel,
     running: float,
-    tokens_per_rank: int,
+    draft_slots_per_rank: int,
     fit: ThroughputSection,
     override: AcceptOverride | None,
     notes: list[str],
 ) -> tuple[SpecPlan, float]:
-    """The speculative part of a row and its tok/s at ``running``; appends findings to notes."""
+    """The speculative part of a row and its tok/s at ``running``; appends findings to notes.
+    ``draft_slots_per_rank``: the draft's KV pool on one GPU, one slot per target token (under
+    DCP, every DCP rank's share: SGLang 0.5.23's draft and target share a slot index space)."""
     draft = profile.draft
     assert draft is not None and profile.speculative_algorithm is not None
     headroom = profile.hardware.pre_free_gib * (1.0 - profile.mem_fraction_static)
-    draft_kv = tokens_per_rank * draft.kv_bytes_per_token / GIB
+    draft_kv = draft_slots_per_rank * draft.kv_bytes_per_token / GIB
     left = headroom - draft.weights_gib_per_gpu - draft_kv - draft.graph_gib
     notes.append(
         f"draft: {draft.weights_gib_per_gpu:.2f} GiB weights + {draft_kv:.2f} GiB KV + "

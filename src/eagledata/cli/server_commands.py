@@ -71,6 +71,14 @@ def launch_server(
     ctx: typer.Context,
     profile: Annotated[str | None, typer.Option(help="Profile name or TOML path")] = None,
     dry_run: Annotated[bool, typer.Option(help="Print the exact command, start nothing")] = False,
+    sglang_version: Annotated[
+        str | None,
+        typer.Option(
+            metavar="V",
+            help="Render the profile for this SGLang release (default: the one installed for "
+            "$SGLANG_PYTHON; with --dry-run and none installed, the newest the profile runs on)",
+        ),
+    ] = None,
     profiles_dir: ProfilesDirOpt = None,
     script: Annotated[
         Path | None,
@@ -82,9 +90,12 @@ def launch_server(
     from eagledata.profiles.profile import DEFAULT_PROFILE, load_profile
     from eagledata.server.launch import (
         build_launch_command,
+        choose_version,
         default_script,
         format_command,
+        installed_sglang_version,
         launch_and_wait,
+        sglang_python,
     )
     from eagledata.server.serverfacts import format_facts
 
@@ -92,12 +103,21 @@ def launch_server(
     script = script or default_script()
     chosen = guarded(lambda: load_profile(profile or DEFAULT_PROFILE, profiles_dir))
     picked = "" if profile else " (the default; --profile NAME picks another)"
+    python = sglang_python()
+    installed = installed_sglang_version(python)
+    version, note = guarded(
+        lambda: choose_version(
+            chosen, requested=sglang_version, installed=installed, python=python, dry_run=dry_run
+        )
+    )
     if dry_run:
-        command = guarded(lambda: build_launch_command(chosen, extra, script=str(script)))
-        typer.echo(f"profile {chosen.name}{picked}: {chosen.source}", err=True)
+        command = guarded(
+            lambda: build_launch_command(chosen, extra, version=version, script=str(script))
+        )
+        typer.echo(f"profile {chosen.name}{picked}: {chosen.source}; {note}", err=True)
         typer.echo(format_command(command))
         return
-    typer.echo(f"profile {chosen.name}{picked}: {chosen.source}", err=True)
+    typer.echo(f"profile {chosen.name}{picked}: {chosen.source}; {note}", err=True)
     import httpx
 
     # the server may be started with --api-key: its checks send the key as every command does
@@ -108,6 +128,7 @@ def launch_server(
             lambda: launch_and_wait(
                 chosen,
                 extra,
+                version=version,
                 script=script,
                 deadline_s=deadline,
                 on_progress=lambda line: typer.echo(line, err=True),
@@ -214,6 +235,14 @@ def sim_server(
     port: Annotated[int, typer.Option(help="Port; 0 picks a free one")] = 30000,
     tokenizer: Annotated[str | None, typer.Option(help="Tokenizer dir used to decode text")] = None,
     kv_cache_dtype: Annotated[str, typer.Option(help="Reported --kv-cache-dtype")] = "bf16",
+    sglang_version: Annotated[
+        str,
+        typer.Option(
+            metavar="V",
+            help="The SGLang release it speaks: its /server_info, /v1/loads, /metrics and "
+            "/generate shapes (0.5.9, 0.5.15.post1, 0.5.23)",
+        ),
+    ] = "0.5.9",
     latency: Annotated[float, typer.Option(help="Seconds per request")] = 0.0,
     option: Annotated[
         list[str] | None,
@@ -227,7 +256,11 @@ def sim_server(
     from eagledata.simserver import SimConfig, run_sim_server
 
     def build() -> SimConfig:
-        fields: dict[str, Any] = {"kv_cache_dtype": kv_cache_dtype, "latency_s": latency}
+        fields: dict[str, Any] = {
+            "kv_cache_dtype": kv_cache_dtype,
+            "latency_s": latency,
+            "version": sglang_version,
+        }
         if tokenizer:
             fields["tokenizer_path"] = resolve_bundled(tokenizer)
         for pair in option or []:

@@ -10,6 +10,11 @@ can never drift apart:
   memory before and after the weights load, extra replicated weights under DP attention).
 * ``[throughput]``: the empirical step-time fit (defaults: the two reference runs).
 
+``sglang_versions`` lists the SGLang releases the profile runs on; ``[sglang_args]`` is written
+once and rendered in each release's spelling (``profiles/releases.py``: ``--cuda-graph-max-bs``
+became ``--cuda-graph-max-bs-decode``, ``--enable-dp-attention`` became ``--attn-dp-size``). A
+release that lacks one of the profile's flags, or refuses its combination, cannot be listed.
+
 Every launchable profile passes ``--kv-cache-dtype bf16``. A profile with another KV dtype may
 exist only as ``plan_only = true`` (a comparison row for ``plan``); ``launch-server`` refuses it.
 """
@@ -26,6 +31,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from eagledata.config import format_validation_error, shipped_path
 from eagledata.errors import ConfigError
+from eagledata.profiles.releases import (
+    Release,
+    get_release,
+    render_args,
+    supported_versions,
+    unsupported,
+)
 
 DEFAULT_PROFILES_DIR = Path("configs/profiles")
 DEFAULT_PROFILE = "kimi-k25-tp8"
@@ -51,6 +63,10 @@ _FORBIDDEN_KEYS = {
     "port": "set [server] port instead",
     "config": "a --config YAML file can set the KV cache dtype out of sight; put flags here",
     "quantization-param-path": "KV scaling factors exist only for an fp8 KV cache",
+    "attn-dp-size": (
+        "write dp-size N with enable-dp-attention = true; launch-server spells it "
+        "--attn-dp-size N for the releases that take that"
+    ),
 }
 
 
@@ -170,7 +186,8 @@ class Profile(_Strict):
     description: str = ""
     status: str = ""
     notes: list[str] = []
-    sglang_version: str
+    sglang_versions: Annotated[list[str], Field(min_length=1)]
+    """The SGLang releases the profile runs on (each a file of ``configs/sglang-releases/``)."""
     plan_only: bool = False
     server: ServerSection = ServerSection()
     sglang_args: dict[str, ArgValue]
@@ -184,6 +201,31 @@ class Profile(_Strict):
     resting on something never run."""
     settle: str = ""
     """The one measurement on a real rig that would settle this profile's row."""
+    assumptions: list[str] = []
+    """What the row rests on that was never run (the plan names each one in the row)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed_fields(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "sglang_version" in data:
+            raise ValueError(
+                "sglang_version: now sglang_versions, a list of the releases the profile runs "
+                f"on (known: {', '.join(supported_versions())})"
+            )
+        return data
+
+    @field_validator("sglang_versions")
+    @classmethod
+    def _known_releases(cls, versions: list[str]) -> list[str]:
+        known = supported_versions()
+        for version in versions:
+            if version not in known:
+                raise ValueError(
+                    f"{version!r} is not a release eagledata supports (known: {', '.join(known)})"
+                )
+        if len(set(versions)) != len(versions):
+            raise ValueError("a release is listed twice")
+        return versions
 
     @field_validator("sglang_args")
     @classmethod
@@ -242,6 +284,13 @@ class Profile(_Strict):
                     "and embedding weights each GPU holds under DP attention)"
                 )
         problems += self._speculative_problems()
+        for version in self.sglang_versions:
+            release = get_release(version)
+            assert release is not None  # checked by _known_releases
+            problems += [
+                f"sglang_versions: {version}: {why}"
+                for why in unsupported(self.sglang_args, release)
+            ]
         if problems:
             raise ValueError("; ".join(problems))
         return self
@@ -271,16 +320,6 @@ class Profile(_Strict):
             problems.append(
                 "sglang_args.max-running-requests: set it; SGLang resets it to 48 under "
                 "speculative decoding"
-            )
-        if self.dcp_size > 1:
-            problems.append(
-                "speculative decoding with dcp-size > 1: sglang 0.5.15.post1 refuses any "
-                "speculative algorithm with DCP on CUDA (server_args._handle_dcp_validation)"
-            )
-        if self.sglang_version == "0.5.9" and "kimi-k2.5" in self.model_path.lower():
-            problems.append(
-                "sglang_version 0.5.9: its KimiK25ForConditionalGeneration lacks the EAGLE-3 "
-                "hooks (set_eagle3_layers_to_capture, get_embed_and_head); pin 0.5.15.post1"
             )
         steps, topk = args.get("speculative-num-steps"), args.get("speculative-eagle-topk")
         tokens = args.get("speculative-num-draft-tokens")
@@ -350,10 +389,38 @@ class Profile(_Strict):
             return default
         return value
 
-    def server_argv(self) -> list[str]:
-        """The ``launch_server`` arguments this profile means, in file order, host/port last."""
+    def release(self, version: str) -> Release:
+        """The release ``version`` if the profile runs on it; else ``ConfigError``, one line
+        naming the releases it does run on."""
+        release = get_release(version) if version in self.sglang_versions else None
+        if release is None:
+            why = ""
+            known = get_release(version)
+            if known is not None:
+                reasons = unsupported(self.sglang_args, known)
+                why = f" ({reasons[0]})" if reasons else ""
+            elif version not in supported_versions():
+                why = " (not a release eagledata knows)"
+            raise ConfigError(
+                f"profile {self.name} has no form for sglang {version}{why}; it runs on "
+                f"{', '.join(self.sglang_versions)}"
+            )
+        return release
+
+    @property
+    def newest_version(self) -> str:
+        return max(self.sglang_versions, key=lambda v: self.release(v).key)
+
+    def server_argv(self, version: str) -> list[str]:
+        """The ``launch_server`` arguments this profile means on sglang ``version``, in file
+        order, host/port last."""
+        return self.render(self.release(version))
+
+    def render(self, release: Release) -> list[str]:
+        """The arguments in ``release``'s spelling, whether or not the profile runs on it
+        (the tests show such a release refusing them)."""
         argv: list[str] = []
-        for key, value in self.sglang_args.items():
+        for key, value in render_args(self.sglang_args, release):
             flag = f"--{key}"
             if value is True:
                 argv.append(flag)

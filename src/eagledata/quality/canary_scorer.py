@@ -44,8 +44,9 @@ class CanaryScorer:
     ``dp_ranks`` says how many DP ranks a server has (``ServerFacts.dp_ranks``). Each rank has a
     radix cache of its own and SGLang spreads requests over them round robin, so a reference's
     warm-up and its scoring would land on different ranks and the scoring would be cold (blind
-    to the pooled KV). Both are pinned to one rank (``data_parallel_rank``), and the references
-    go round the ranks, so that every check reads every rank's KV."""
+    to the pooled KV). Both are pinned to one rank (``SGLangClient.pinned``: the field the
+    server's release knows), and the references go round the ranks, so that every check reads
+    every rank's KV."""
 
     def __init__(self, client: SGLangClient, dp_ranks: Callable[[str], int] | None = None) -> None:
         self.client = client
@@ -109,7 +110,7 @@ class CanaryScorer:
         ranks = self.ranks(url)
 
         def on_rank(body: dict[str, Any], index: int) -> dict[str, Any]:
-            return body if ranks < 2 else {**body, "data_parallel_rank": index % ranks}
+            return body if ranks < 2 else self.client.pinned(url, body, index % ranks)
 
         async def one(
             index: int, prompt: list[int], reference: list[int]

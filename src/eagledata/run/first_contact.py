@@ -92,7 +92,10 @@ async def load_controller(
         if endpoint.healthy:
             with contextlib.suppress(EagledataError):
                 workers = await client.router_workers(endpoint.url)
-        load.add_server(ServerPlan(endpoint.url, guard.facts.get(endpoint.url), workers))
+        facts = guard.facts.get(endpoint.url)
+        if facts is not None and facts.release_note is not None:
+            progress.note(f"{endpoint.url}: {facts.release_note}")  # once, at the start
+        load.add_server(ServerPlan(endpoint.url, facts, workers))
     return load
 
 

@@ -3,7 +3,8 @@
 ``capacity/controller.py`` owns the numbers; this module feeds it. Every ``poll_interval_s`` it
 reads each server's load through the client (``/v1/loads``, else ``/metrics``, else
 ``/get_load``; behind an sglang-router, each worker's), updates that server's lanes (one per DP
-rank when the server runs DP attention, pinned with ``data_parallel_rank``), and every
+rank when the server runs DP attention, each request pinned to its rank with the field the
+server's release knows), and every
 ``telemetry_interval_s`` writes one ``telemetry.jsonl`` line per lane. Senders ``acquire`` a
 ticket before each request: the first waiter goes to the lane with the most free projected KV,
 once one has room, so a slow or small server gets less work and a fast or large one more.
@@ -38,7 +39,7 @@ from eagledata.run.telemetry import forecast_usage, lane_entry
 from eagledata.rundir.lines import TelemetryLine
 from eagledata.rundir.telemetry import TelemetryLog, lane_name
 from eagledata.server.client import SGLangClient
-from eagledata.server.loads import ServerLoad, merge_workers
+from eagledata.server.loads import ServerLoad, in_logical_tokens, merge_workers
 from eagledata.server.serverfacts import ServerFacts
 
 
@@ -119,9 +120,9 @@ class LoadController:
     def add_server(self, plan: ServerPlan) -> None:
         facts = plan.facts
         ranks: list[int | None] = [None]
-        if plan.workers is None and facts is not None and facts.enable_dp_attention:
-            ranks = list(range(max(1, facts.dp_size or 1)))
-        pool = None if facts is None else facts.max_total_num_tokens
+        if plan.workers is None and facts is not None and facts.attention_dp:
+            ranks = list(range(facts.dp_ranks))  # 0.5.23: attn_dp_size, with dp_size 1
+        pool = None if facts is None else facts.rank_kv_tokens
         if plan.workers is not None:
             pool = None  # the router's workers' pools, summed, come with the first sample
         queue = initial_queue_target(self.settings.chunked_prefill_size, 0.0)
@@ -188,7 +189,9 @@ class LoadController:
     async def _read(self, url: str) -> ServerLoad | None:
         plan = self.plans[url]
         if plan.workers is None:
-            return await self.client.read_load(url)
+            load = await self.client.read_load(url)
+            factor = plan.facts.capacity_factor if plan.facts is not None else 1
+            return in_logical_tokens(load, factor or 1) if load is not None else None
         loads = [await self.client.read_load(worker) for worker in plan.workers]
         known = [load for load in loads if load is not None]
         return merge_workers(known) if len(known) == len(loads) else None

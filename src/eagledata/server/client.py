@@ -53,6 +53,11 @@ from eagledata.server.responses import GenerateResult as GenerateResult
 from eagledata.server.responses import new_rid as new_rid
 from eagledata.server.responses import parse_generate_item as parse_generate_item
 from eagledata.server.responses import response_bound
+from eagledata.server.serverfacts import BOTH_PIN_FIELDS
+
+LOADS_ROUTE = "/v1/loads?include=core,memory,spec,queues"
+"""The sections eagledata reads; every release from 0.5.8 knows these four names (an unknown
+one is a 400 in 0.5.23, ``managers/load_snapshot.py``)."""
 
 CONTROL_DEADLINE_S = 30.0
 """A control call's whole life (health, server facts, loads, an abort): connect to last byte."""
@@ -133,6 +138,9 @@ class SGLangClient:
         self.vocab_size = vocab_size
         self._recovering = asyncio.Lock()
         self._missing_load_routes: dict[str, set[str]] = {}
+        self.rank_pins: dict[str, tuple[str, ...]] = {}
+        """Per server, the ``/generate`` field(s) that pin a DP rank
+        (``ServerFacts.rank_pin_fields``, set by the KV guard from the server's release)."""
 
     @classmethod
     def api_key_from_env(cls, variable: str) -> str | None:
@@ -168,7 +176,7 @@ class SGLangClient:
         """One attempt at one generation. Raises an ``ItemError`` or a ``ServerError``.
 
         ``url`` sends it to that server (the load controller's choice) while it is healthy;
-        ``dp_rank`` pins its DP rank (``data_parallel_rank``)."""
+        ``dp_rank`` pins its DP rank (``pinned``)."""
         chosen = self.endpoint(url) if url is not None else None
         endpoint = chosen if chosen is not None and chosen.healthy else self.pick_endpoint()
         try:
@@ -208,7 +216,7 @@ class SGLangClient:
             "rid": rid,
         }
         if dp_rank is not None:
-            request["data_parallel_rank"] = dp_rank
+            request = self.pinned(endpoint.url, request, dp_rank)
         body = orjson.dumps(request)
         bound = response_bound(request)
         deadline = self.request_timeout_s
@@ -252,6 +260,14 @@ class SGLangClient:
             max_new_tokens=sampling_params.get("max_new_tokens"),
             vocab_size=self.vocab_size,
         )
+
+    def pinned(self, url: str, body: dict[str, Any], rank: int) -> dict[str, Any]:
+        """``body`` pinned to DP rank ``rank`` of the server at ``url`` with the field its
+        release knows: ``data_parallel_rank`` (0.5.9), ``routed_dp_rank`` (0.5.15.post1 drops
+        ``data_parallel_rank`` silently; 0.5.23 takes it only as a deprecated alias). Both
+        before the server's release is known."""
+        fields = self.rank_pins.get(url, BOTH_PIN_FIELDS)
+        return {**body, **dict.fromkeys(fields, rank)}
 
     # --- the canary (quality/canary_scorer.py): raw answers from one named server ----------
 
@@ -339,11 +355,12 @@ class SGLangClient:
         """The server's live load from the best signal it offers (``server/loads.py``):
         ``/v1/loads`` (with ``/metrics`` for the retraction counter), else ``/metrics``, else
         ``/get_load``. None when it offers none or cannot be reached; a route that answers 404
-        once is not asked again."""
+        once is not asked again. ``/v1/loads`` sends its ``speculative`` section (the measured
+        acceptance) only when asked for ``spec``."""
         missing = self._missing_load_routes.setdefault(url, set())
         loads = metrics = None
         if "/v1/loads" not in missing:
-            body = await self._load_route(url, "/v1/loads?include=core,memory,queues", missing)
+            body = await self._load_route(url, LOADS_ROUTE, missing)
             loads = parse_v1_loads(body) if body is not None else None
         if "/metrics" not in missing:
             text = await self._load_route(url, "/metrics", missing, text=True)

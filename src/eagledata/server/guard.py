@@ -51,7 +51,8 @@ class KVGuard:
         return "period"
 
     def dp_ranks(self, url: str) -> int:
-        """The DP ranks the server's last facts report (1 before any)."""
+        """The DP ranks the server's last facts report (1 before any): ``dp_size``, times
+        ``attn_dp_size`` in 0.5.23 (where ``dp_size`` is 1 under DP attention)."""
         facts = self.facts.get(url)
         return 1 if facts is None else facts.dp_ranks
 
@@ -67,6 +68,8 @@ class KVGuard:
             facts.dtype,
             facts.tp_size,
             facts.dp_size,
+            facts.attn_dp_size,
+            facts.dcp_size,
             facts.max_total_num_tokens,
             tuple(state.kv_cache_dtype for state in facts.internal_states or []),
         )
@@ -115,6 +118,8 @@ class KVGuard:
             # Pin the model seen first: a later swap to another model is refused like fp8 is.
             self.expected_model = facts.model_path
         self.facts[url] = facts
+        # requests pinned to a DP rank name it as this server's release knows it
+        self.client.rank_pins[url] = facts.rank_pin_fields
         return facts
 
     def _log(

@@ -1,9 +1,12 @@
 """``launch-server``: start SGLang from a profile, wait until it serves, check its KV cache.
 
-The command is ``scripts/launch_sglang.sh`` followed by the profile's flags, then any extra
-arguments (argparse lets the last occurrence win, so extras override the profile). Before
+The command is ``scripts/launch_sglang.sh`` followed by the profile's flags in the spelling of the
+SGLang release that is launched (the installed one, or ``--sglang-version``;
+``profiles/releases.py``), then any extra arguments (argparse lets the last occurrence win, so
+extras override the profile). Before
 anything starts, the whole argument list is checked: a KV cache dtype other than bf16, an
-fp8-scales file or a ``--config`` YAML (which could set the dtype out of sight) is refused with
+fp8-scales file, a draft KV dtype other than bf16 (``--speculative-draft-kv-cache-dtype``,
+0.5.23) or a ``--config`` YAML (which could set the dtype out of sight) is refused with
 ``LaunchError``. The shell script repeats the dtype check as a second line of defence, and after
 start-up the server's own ``/server_info`` goes through the bf16 guard.
 
@@ -26,6 +29,7 @@ import httpx
 
 from eagledata.config import shipped_path
 from eagledata.errors import (
+    ConfigError,
     LaunchError,
     ServerRefusedError,
     ServerUnavailableError,
@@ -52,6 +56,11 @@ KV_REASON = (
 
 _KV_FLAG = "--kv-cache-dtype"
 _KV_MIN_PREFIX = len("--kv-c")
+# The draft's own KV dtype (0.5.23; default: follows --kv-cache-dtype). Shortest prefix argparse
+# takes for it: --speculative-draft-k (tests/test_sglang_releases.py checks both against each
+# release's own parser).
+_DRAFT_KV_FLAG = "--speculative-draft-kv-cache-dtype"
+_DRAFT_KV_MIN_PREFIX = len("--speculative-draft-k")
 _SCALES_FLAG = "--quantization-param-path"
 _SCALES_MIN_PREFIX = len("--quantization-")
 _CONFIG_FLAG = "--config"
@@ -71,6 +80,11 @@ def _is_prefix_of(name: str, flag: str, min_length: int) -> bool:
 
 
 def _refuse_kv_value(flag: str, value: str) -> LaunchError:
+    if flag.startswith("--speculative"):
+        return LaunchError(
+            f"refused {flag} {value}: the draft model's KV cache must be bf16 too ({KV_REASON}). "
+            "Fix: drop it; the draft's KV dtype follows --kv-cache-dtype bf16"
+        )
     if value == "auto":
         why = (
             "SGLang silently resolves 'auto' to fp8 for checkpoints that declare an fp8 KV "
@@ -94,7 +108,8 @@ def check_server_args(argv: Sequence[str]) -> None:
         if not token.startswith("--"):
             continue
         name, has_value, inline = token.partition("=")
-        if _is_prefix_of(name, _KV_FLAG, _KV_MIN_PREFIX):
+        target = _is_prefix_of(name, _KV_FLAG, _KV_MIN_PREFIX)
+        if target or _is_prefix_of(name, _DRAFT_KV_FLAG, _DRAFT_KV_MIN_PREFIX):
             if has_value:
                 value = inline
             elif i < len(argv):
@@ -104,7 +119,7 @@ def check_server_args(argv: Sequence[str]) -> None:
                 raise LaunchError(f"refused {name}: it needs a value. Fix: {_KV_FLAG} bf16")
             if value not in BF16_KV_DTYPES:
                 raise _refuse_kv_value(name, value)
-            seen_kv = True
+            seen_kv = seen_kv or target
         elif _is_prefix_of(name, _SCALES_FLAG, _SCALES_MIN_PREFIX):
             raise LaunchError(
                 f"refused {name}: it loads KV scaling factors, used only by an fp8 KV cache; "
@@ -149,18 +164,94 @@ def build_launch_command(
     profile: Profile,
     extra_args: Sequence[str] = (),
     *,
+    version: str,
     script: str | Path = DEFAULT_SCRIPT,
 ) -> list[str]:
-    """The exact argv to run: ``script``, the profile's flags, then ``extra_args``."""
+    """The exact argv to run: ``script``, the profile's flags as sglang ``version`` spells
+    them, then ``extra_args``. ``ConfigError`` (one line naming the releases the profile runs
+    on) when it has no form for ``version``."""
     if profile.plan_only:
         raise LaunchError(
             f"refused profile {profile.name!r}: it is plan_only, a planner comparison row that "
             f"is never launched (kv-cache-dtype {profile.kv_cache_dtype}: {KV_REASON}). "
             "Fix: launch a bf16 profile such as kimi-k25-tp8"
         )
-    argv = [*profile.server_argv(), *extra_args]
+    argv = [*profile.server_argv(version), *extra_args]
     check_server_args(argv)
     return [str(script), *argv]
+
+
+# --- which release is launched --------------------------------------------------------------
+
+_VERSION_PROBE = (
+    "import importlib.metadata as m\n"
+    "try:\n    print(m.version('sglang'))\n"
+    "except m.PackageNotFoundError:\n    pass\n"
+)
+
+
+def sglang_python(env: Mapping[str, str] | None = None) -> str:
+    """The interpreter ``scripts/launch_sglang.sh`` runs SGLang with (``SGLANG_PYTHON``)."""
+    return (os.environ if env is None else env).get("SGLANG_PYTHON") or "python"
+
+
+def installed_sglang_version(python: str, *, timeout_s: float = 60.0) -> str | None:
+    """The sglang version ``python`` has installed (read from its metadata, nothing imported);
+    None when it has none, or ``python`` cannot be run."""
+    try:
+        done = subprocess.run(
+            [python, "-c", _VERSION_PROBE],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    found = done.stdout.strip().splitlines()
+    return found[-1].strip() if done.returncode == 0 and found else None
+
+
+def choose_version(
+    profile: Profile,
+    *,
+    requested: str | None,
+    installed: str | None,
+    python: str,
+    dry_run: bool,
+) -> tuple[str, str]:
+    """The release whose form of ``profile`` is rendered, and a note for stderr.
+
+    ``--sglang-version`` (``requested``) wins; else the installed release; a dry run on a
+    machine without SGLang shows the newest release the profile runs on. A release the profile
+    has no form for is one ``ConfigError`` line naming those it has."""
+    if requested is not None:
+        profile.release(requested)
+        note = f"sglang {requested} form"
+        if installed is not None and installed != requested:
+            note += f" (sglang {installed} is installed)"
+        return requested, note
+    if installed is not None:
+        if installed not in profile.sglang_versions:
+            try:
+                profile.release(installed)
+            except ConfigError as error:
+                raise ConfigError(
+                    f"{error} (sglang {installed} is installed for {python}). Fix: install one "
+                    "of those, or pass --sglang-version V to launch V's form anyway"
+                ) from None
+        return installed, f"sglang {installed} (installed for {python})"
+    if dry_run:
+        newest = profile.newest_version
+        return newest, (
+            f"no sglang installed for {python} (SGLANG_PYTHON): the sglang {newest} form; "
+            "--sglang-version V shows another"
+        )
+    raise LaunchError(
+        f"no sglang installed for {python} (SGLANG_PYTHON). Fix: pip install "
+        f"sglang=={profile.newest_version} (profile {profile.name} runs on "
+        f"{', '.join(profile.sglang_versions)})"
+    )
 
 
 def format_command(command: Sequence[str]) -> str:
@@ -320,6 +411,7 @@ def launch_and_wait(
     profile: Profile,
     extra_args: Sequence[str] = (),
     *,
+    version: str,
     script: str | Path = DEFAULT_SCRIPT,
     deadline_s: float = 1800.0,
     poll_interval_s: float = 5.0,
@@ -335,7 +427,7 @@ def launch_and_wait(
     ``stop_on_refusal`` is set, the server is stopped too; the result still carries the facts
     and the verdict, so the caller can print why (``result.verdict.raise_if_refused()``).
     """
-    command = build_launch_command(profile, extra_args, script=script)
+    command = build_launch_command(profile, extra_args, version=version, script=script)
     expected_model = model_from_argv(command[1:])
     bf16_bytes = KVModel.from_section(
         profile.model, base_dir=str(Path(profile.source).parent) if profile.source else ""
@@ -371,7 +463,7 @@ def launch_and_wait(
             base_url,
             expected_model=expected_model,
             bf16_bytes_per_token=bf16_bytes,
-            expected_version=profile.sglang_version,
+            expected_version=version,
         )
     except BaseException:
         # whatever went wrong (deadline, death, bad server_info, Ctrl-C), leave nothing running

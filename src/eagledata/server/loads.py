@@ -4,7 +4,8 @@ Three sources, best first (``docs/sglang.md``, "Load signals", with the versions
 
 * ``GET /v1/loads`` (SGLang 0.5.8+): per DP rank ``num_running_reqs``, ``num_waiting_reqs``,
   ``num_used_tokens``, ``max_total_num_tokens``, ``token_usage`` (live), ``gen_throughput`` (0
-  without ``--enable-metrics``) and ``queues.retracted``.
+  without ``--enable-metrics``), ``queues.retracted`` and, asked for ``spec``,
+  ``speculative.accept_length``.
 * ``GET /metrics`` (``--enable-metrics``): the same gauges as Prometheus text, one series per DP
   rank, plus the cumulative ``sglang:num_retracted_requests_total`` counter (0.5.7+). Gauges are
   refreshed on logged batches only (every 40 decode steps).
@@ -106,7 +107,10 @@ _GAUGE_FIELDS = {
 }
 _FLOAT_FIELDS = ("token_usage", "gen_throughput", "spec_accept_length")
 _RETRACTED_COUNTERS = ("sglang:num_retracted_requests_total",)
-_RETRACTED_GAUGES = ("sglang:num_retracted_reqs", "sglang:total_retracted_reqs")
+_RETRACTED_GAUGES = ("sglang:num_retracted_reqs",)
+METRIC_NAMES = (*_GAUGE_FIELDS, *_RETRACTED_COUNTERS, *_RETRACTED_GAUGES)
+"""Every ``/metrics`` sample name eagledata reads; tests/test_sglang_releases.py finds each one
+in every supported release's own metrics collectors."""
 
 
 def parse_metrics(text: str) -> ServerLoad | None:
@@ -165,6 +169,21 @@ def parse_get_load(body: Any) -> ServerLoad | None:
             )
         )
     return ServerLoad("get_load", tuple(ranks)) if ranks else None
+
+
+def in_logical_tokens(load: ServerLoad, factor: int) -> ServerLoad:
+    """The pool counted in every DCP rank's share: 0.5.15.post1 reports ``max_total_num_tokens``
+    as one DCP rank's rows (``factor`` = the DCP size), while its used tokens and usage already
+    count the shares (``ServerFacts.capacity_factor``)."""
+    if factor == 1:
+        return load
+    ranks = tuple(
+        replace(rank, pool_tokens=rank.pool_tokens * factor)
+        if rank.pool_tokens is not None
+        else rank
+        for rank in load.ranks
+    )
+    return replace(load, ranks=ranks)
 
 
 def with_retractions(load: ServerLoad, metrics: ServerLoad | None) -> ServerLoad:

@@ -12,6 +12,7 @@ from aiohttp.typedefs import Handler
 from pydantic import ValidationError
 
 from eagledata.errors import EagledataError
+from eagledata.simserver import shapes
 from eagledata.simserver.config import SimConfig
 from eagledata.simserver.faults import apply_fault_abort, draw_faults
 from eagledata.simserver.logprobs import trim_to_output
@@ -66,7 +67,7 @@ def _item_json(
         "cached_tokens": item.cached,
         "cached_tokens_details": None,
         "weight_version": "default",
-        "total_retractions": item.retractions,
+        **shapes.retraction_meta(state.config, item.retractions, item.dp_rank),
         "e2e_latency": asyncio.get_running_loop().time() - arrived,
         "response_sent_to_client_ts": time.time(),
     }
@@ -336,7 +337,11 @@ async def v1_loads(request: web.Request) -> web.Response:
     state = request.app[STATE]
     if state.config.version_tuple() < (0, 5, 8) or state.config.hide_load_routes:
         raise web.HTTPNotFound()
-    return _json(render_loads(state, request.query.get("dp_rank")))
+    try:
+        body = render_loads(state, request.query.get("dp_rank"), request.query.get("include"))
+    except shapes.BadSections as exc:
+        return _json({"detail": str(exc)}, 400)
+    return _json(body)
 
 
 async def control(request: web.Request) -> web.Response:

@@ -36,6 +36,9 @@ class SimConfig(BaseModel):
     model_type: str = "kimi_k25"
     architectures: list[str] = Field(default_factory=lambda: ["KimiK25ForConditionalGeneration"])
     version: str = "0.5.9"
+    """The SGLang release the server speaks (``sim-server --sglang-version``): its
+    ``/server_info``, ``/v1/loads``, ``/metrics`` and ``/generate`` shapes follow it
+    (``simserver/shapes.py``)."""
 
     # --- server args --------------------------------------------------------------------------
     kv_cache_dtype: str = "bf16"
@@ -49,9 +52,12 @@ class SimConfig(BaseModel):
     tp_size: int = Field(default=8, ge=1)
     dp_size: int = Field(default=1, ge=1)
     enable_dp_attention: bool = False
+    dcp_size: int = Field(default=1, ge=1)
+    """Decode context parallelism: each GPU holds 1/dcp_size of every request's KV (0.5.15+)."""
     mem_fraction_static: float = Field(default=0.85, gt=0.0, le=1.0)
     max_total_num_tokens: int = Field(default=116_000, gt=6)
-    """KV pool of one DP rank, in tokens."""
+    """KV pool of one DP rank, in tokens (under DCP, every DCP rank's share counted; each
+    release reports it its own way, ``simserver/shapes.py``)."""
     context_length: int = Field(default=262_144, gt=1)
     max_running_requests: int | None = Field(default=None, ge=1)
     max_queued_requests: int | None = Field(default=None, ge=0)
@@ -162,6 +168,8 @@ class SimConfig(BaseModel):
     def _check(self) -> SimConfig:
         if self.enable_dp_attention and (self.dp_size < 2 or self.tp_size % self.dp_size):
             raise ValueError("enable_dp_attention needs dp_size > 1 and tp_size % dp_size == 0")
+        if self.tp_size % self.dcp_size:
+            raise ValueError("dcp_size must divide tp_size")
         if any(not 0 <= rank < self.dp_size for rank in self.degraded_dp_ranks):
             raise ValueError(f"degraded_dp_ranks must be DP ranks in [0, {self.dp_size})")
         eos, vocab = self.eos_token_id, self.vocab_size

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from eagledata.simserver import shapes
 from eagledata.simserver.speculative import loads_section, metrics_lines
 from eagledata.simserver.state import SimState
 
@@ -37,7 +38,17 @@ ENGINE_COUNTERS = (
 
 
 def rank_views(state: SimState) -> list[dict[str, Any]]:
-    """One dict per DP rank in SGLang's field names, whichever model the server runs."""
+    """One dict per DP rank in SGLang's field names, whichever model the server runs; the pool
+    as the release reports it (``shapes.reported_pool``: under DCP, one rank's rows in
+    0.5.15.post1), used tokens and usage counting every DCP rank's share."""
+    views = _rank_views(state)
+    reported = shapes.reported_pool(state.config)
+    for view in views:
+        view["max_total_num_tokens"] = reported
+    return views
+
+
+def _rank_views(state: SimState) -> list[dict[str, Any]]:
     config, scheduler = state.config, state.scheduler
     if config.engine == "sglang":
         return scheduler.engine.loads(config)
@@ -117,49 +128,59 @@ def render_metrics(state: SimState) -> str:
     return "\n".join(lines) + "\n"
 
 
-def render_loads(state: SimState, dp_rank: str | None = None) -> dict[str, Any]:
-    """``/v1/loads`` in S9's JSON shape (``managers/io_struct.py`` L1807-1935): ``loads`` per DP
-    rank with ``queues``, and ``aggregate``. ``gen_throughput`` reads 0 without
+def render_loads(
+    state: SimState, dp_rank: str | None = None, include: str | None = None
+) -> dict[str, Any]:
+    """``/v1/loads``: ``loads`` per DP rank, the sections ``include`` names (``shapes``; an
+    unknown one raises ``shapes.BadSections``, a 400); 0.5.9 adds ``dp_rank_count`` and
+    ``aggregate`` (S9 ``managers/io_struct.py`` L1807-1935), later releases build each entry from
+    a per-rank snapshot (S23 ``managers/load_snapshot.py``). ``gen_throughput`` reads 0 without
     ``--enable-metrics``, as in SGLang (``load_publisher.py`` L209-212)."""
     config = state.config
+    sections = shapes.load_sections(config, include)
     loads = []
     for view in rank_views(state):
         if dp_rank is not None and str(view["dp_rank"]) != dp_rank:
             continue
         running, waiting = view["num_running_reqs"], view["num_waiting_reqs"]
-        loads.append(
-            {
-                "dp_rank": view["dp_rank"],
-                "num_running_reqs": running,
-                "num_waiting_reqs": waiting,
-                "num_used_tokens": view["num_used_tokens"],
-                "max_total_num_tokens": view["max_total_num_tokens"],
-                "token_usage": view["token_usage"],
-                "gen_throughput": view["gen_throughput"] if config.enable_metrics else 0.0,
-                "cache_hit_rate": 0.0,
-                "utilization": 0.0,
-                "max_running_requests": config.running_limit_per_rank(),
-                "num_total_reqs": running + waiting,
-                "memory": {"token_capacity": view["max_total_num_tokens"]},
-                "queues": {
-                    "waiting": waiting,
-                    "grammar": 0,
-                    "paused": 0,
-                    "retracted": view["retracted_waiting"],
-                },
-                **loads_section(config.speculative, state.spec_tally.accept_length),
+        entry: dict[str, Any] = {
+            "dp_rank": view["dp_rank"],
+            "num_running_reqs": running,
+            "num_waiting_reqs": waiting,
+            "num_used_tokens": view["num_used_tokens"],
+            "num_total_tokens": view["num_total_tokens"],
+            "max_total_num_tokens": view["max_total_num_tokens"],
+            "token_usage": view["token_usage"],
+            "gen_throughput": view["gen_throughput"] if config.enable_metrics else 0.0,
+            "cache_hit_rate": 0.0,
+            "utilization": 0.0,
+            "max_running_requests": config.running_limit_per_rank(),
+        }
+        if "memory" in sections:
+            entry["memory"] = {"token_capacity": view["max_total_num_tokens"]}
+        if "queues" in sections:
+            entry["queues"] = {
+                "waiting": waiting,
+                "grammar": 0,
+                "paused": 0,
+                "retracted": view["retracted_waiting"],
             }
-        )
+        if "spec" in sections:
+            entry |= loads_section(config.speculative, state.spec_tally.accept_length)
+        loads.append(entry)
+    document: dict[str, Any] = {"timestamp": time.time(), "version": config.version}
+    if shapes.at_least(config, "0.5.15"):
+        return document | {"loads": loads}
     count = max(1, len(loads))
-    return {
-        "timestamp": time.time(),
-        "version": config.version,
+    return document | {
         "dp_rank_count": config.dp_size,
-        "loads": loads,
+        "loads": [
+            dict(x, num_total_reqs=x["num_running_reqs"] + x["num_waiting_reqs"]) for x in loads
+        ],
         "aggregate": {
             "total_running_reqs": sum(x["num_running_reqs"] for x in loads),
             "total_waiting_reqs": sum(x["num_waiting_reqs"] for x in loads),
-            "total_reqs": sum(x["num_total_reqs"] for x in loads),
+            "total_reqs": sum(x["num_running_reqs"] + x["num_waiting_reqs"] for x in loads),
             "avg_token_usage": sum(x["token_usage"] for x in loads) / count,
             "avg_throughput": sum(x["gen_throughput"] for x in loads) / count,
             "avg_utilization": 0.0,

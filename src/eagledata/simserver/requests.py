@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from eagledata.simserver import shapes
 from eagledata.simserver.engine import answer_shape, generate, prompt_digest
 from eagledata.simserver.logprobs import (
     LogprobRequest,
@@ -106,17 +107,21 @@ def dispatch_rank(obj: dict[str, Any], state: SimState) -> int:
     attention rank, or a DP replica) has a radix cache of its own, so a prompt warmed on one
     rank is cold on the others. A batch body goes to one rank here (SGLang dispatches each of
     its requests)."""
-    pinned = _pinned_rank(obj, state.config.dp_size)
-    return pinned if pinned is not None else state.next_dp_rank()
+    pinned = _pinned_rank(obj, state.config.dp_size, shapes.pinned_rank_keys(state.config))
+    rank = pinned if pinned is not None else state.next_dp_rank()
+    state.dispatched[("pinned" if pinned is not None else "round robin", rank)] += 1
+    return rank
 
 
 def _on_rank(digest: bytes, rank: int) -> bytes:
     return digest + rank.to_bytes(2, "big")
 
 
-def _pinned_rank(obj: dict[str, Any], dp_size: int) -> int | None:
-    """``data_parallel_rank`` (0.5.9) / ``routed_dp_rank`` (later): the client picks the DP rank."""
-    for key in ("data_parallel_rank", "routed_dp_rank"):
+def _pinned_rank(obj: dict[str, Any], dp_size: int, keys: tuple[str, ...]) -> int | None:
+    """``data_parallel_rank`` (0.5.9) / ``routed_dp_rank`` (0.5.15.post1; both in 0.5.23): the
+    client picks the DP rank. A field the release does not know is dropped, the request left to
+    round robin, as SGLang does."""
+    for key in keys:
         value = obj.get(key)
         if value is not None:
             if not isinstance(value, int) or not 0 <= value < dp_size:

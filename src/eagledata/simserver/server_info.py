@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from eagledata.simserver import shapes
 from eagledata.simserver import speculative as spec_sim
 from eagledata.simserver.config import SimConfig
 
@@ -18,8 +19,9 @@ def server_info(
     spec_tokens: int = 0,
     spec_verify_ct: int = 0,
 ) -> dict[str, Any]:
-    """``/server_info``: flat ServerArgs keys, rank-0 scheduler info, internal_states, version."""
-    pool, bpt = config.max_total_num_tokens, config.bytes_per_token()
+    """``/server_info``: flat ServerArgs keys, rank-0 scheduler info, internal_states, version,
+    in the shapes of the release it speaks (``shapes``)."""
+    pool = shapes.reported_pool(config)
     args: dict[str, Any] = {
         "model_path": config.model_path,
         "tokenizer_path": config.reported_tokenizer_path(),
@@ -29,8 +31,7 @@ def server_info(
         "quantization": config.quantization,
         "tp_size": config.tp_size,
         "pp_size": 1,
-        "dp_size": config.dp_size,
-        "enable_dp_attention": config.enable_dp_attention,
+        **shapes.parallel_args(config),
         "mem_fraction_static": config.mem_fraction_static,
         "max_total_tokens": None,
         "max_running_requests": config.max_running_requests,
@@ -53,18 +54,13 @@ def server_info(
         "stream_output": False,
         "stream_interval": 1,
         "trust_remote_code": True,
-        **spec_sim.server_args(config.speculative),
+        **spec_sim.server_args(config.speculative, with_draft_kv=shapes.at_least(config, "0.5.23")),
     }
     internal = {
         **args,
         "kv_cache_dtype": config.effective_kv_dtype(),
         "last_gen_throughput": throughput,
-        "memory_usage": {
-            "weight": round(71.6 * 8 / config.tp_size, 2),
-            "kvcache": pool * bpt / 2**30,
-            "token_capacity": pool,
-            "graph": 2.1,
-        },
+        "memory_usage": shapes.memory_usage(config),
         "effective_max_running_requests_per_dp": config.running_limit_per_rank(),
         **spec_sim.internal_state(
             config.speculative,

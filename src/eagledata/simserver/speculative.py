@@ -47,6 +47,8 @@ class SimSpeculative(BaseModel):
     accept_threshold_acc: float = 1.0
     draft_kv_cache_dtype: str | None = None
     """What the draft resolved ``auto`` to (None: as the target)."""
+    draft_kv_cache_dtype_arg: str | None = None
+    """``--speculative-draft-kv-cache-dtype`` (0.5.23; None: follows ``--kv-cache-dtype``)."""
 
     @model_validator(mode="after")
     def _check(self) -> SimSpeculative:
@@ -55,10 +57,12 @@ class SimSpeculative(BaseModel):
         return self
 
 
-def server_args(spec: SimSpeculative | None) -> dict[str, Any]:
-    """The ``speculative_*`` ServerArgs keys (SGLang reports them, as None, when off)."""
+def server_args(spec: SimSpeculative | None, *, with_draft_kv: bool = False) -> dict[str, Any]:
+    """The ``speculative_*`` ServerArgs keys (SGLang reports them, as None, when off);
+    ``with_draft_kv``: the release has ``speculative_draft_kv_cache_dtype`` (0.5.23)."""
+    draft_kv: dict[str, Any] = {"speculative_draft_kv_cache_dtype": None} if with_draft_kv else {}
     if spec is None:
-        return {
+        return draft_kv | {
             "speculative_algorithm": None,
             "speculative_draft_model_path": None,
             "speculative_num_steps": None,
@@ -67,7 +71,9 @@ def server_args(spec: SimSpeculative | None) -> dict[str, Any]:
             "speculative_accept_threshold_single": 1.0,
             "speculative_accept_threshold_acc": 1.0,
         }
-    return {
+    if with_draft_kv:
+        draft_kv["speculative_draft_kv_cache_dtype"] = spec.draft_kv_cache_dtype_arg
+    return draft_kv | {
         "speculative_algorithm": spec.algorithm,
         "speculative_draft_model_path": spec.draft_model_path,
         "speculative_num_steps": spec.num_steps,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +32,8 @@ class SimState:
     """One radix cache per DP rank: each of SGLang's DP schedulers has a tree of its own."""
     dp_round_robin: int = 0
     """The rank the next unpinned request goes to (``next_dp_rank``)."""
+    dispatched: Counter[tuple[str, int]] = field(default_factory=Counter)
+    """``/generate`` requests per (``pinned`` or ``round robin``, DP rank)."""
     noise_rng: np.random.Generator = field(default_factory=np.random.default_rng)
     """Batch noise is not reproducible on a real server either: seeded from the OS."""
     spec_tally: SpecTally = field(default_factory=SpecTally)
@@ -73,4 +76,8 @@ def stats_snapshot(state: SimState) -> dict[str, Any]:
         "kv_cache_dtype": state.config.kv_cache_dtype,
         "effective_kv_dtype": state.config.effective_kv_dtype(),
         "answers": state.answers.as_dict(),
+        "dispatched": {
+            how: [state.dispatched[(how, rank)] for rank in range(state.config.dp_size)]
+            for how in ("pinned", "round robin")
+        },
     }
