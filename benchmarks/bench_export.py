@@ -62,7 +62,7 @@ def build_run(path: Path, records: int, seed: int = 0) -> None:
         TokenizerSettings,
     )
     from eagledata.run.writer import ShardWriter
-    from eagledata.rundir.lines import RecordLine
+    from eagledata.rundir.lines import RecordFlags, RecordLine
     from eagledata.rundir.manifest import RunDir
 
     rng = random.Random(seed)
@@ -99,7 +99,7 @@ def build_run(path: Path, records: int, seed: int = 0) -> None:
                 input_ids=prompt,
                 output_ids=output,
                 text="y" * 20_000,
-                flags=[],
+                flags=RecordFlags(),
             )
         )
     writer.close()

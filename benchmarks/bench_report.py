@@ -79,6 +79,8 @@ def _pool(rng: random.Random, count: int, make: Any) -> tuple[bytes, list[int]]:
 
 
 def build_run(path: Path, records: int, seed: int = 0) -> None:
+    from eagledata.rundir.lines import FLAG_NAMES
+
     rng = random.Random(seed)
     ids, id_at = _pool(rng, 40_000, lambda r: str(r.randrange(VOCAB)).encode())
     words = [
@@ -129,14 +131,15 @@ def build_run(path: Path, records: int, seed: int = 0) -> None:
             offset = rng.randrange(len(text) - chars)
             tail = orjson.dumps(
                 {
-                    "flags": flags,
-                    "matched_token_id": 163586 if finish == "stop" else None,
+                    # the record's shape (rundir/lines.py): every flag present, no nulls
+                    "flags": {name: name in flags for name in FLAG_NAMES},
+                    "matched_token_id": 163586 if finish == "stop" else -1,
                     "cached_tokens": 0,
                     "server": servers[0],
                     "rid": f"r{index}",
                     "weight_version": "default",
                     "e2e_latency": 200.0,
-                    "spec_verify_ct": None,
+                    "spec_verify_ct": 0,
                 }
             )[1:]
             line = (

@@ -183,6 +183,7 @@ def synthetic_run(work: Path, records: int) -> Path:
         TokenizerSettings,
     )
     from eagledata.run.writer import ShardWriter
+    from eagledata.rundir.lines import FLAG_NAMES, RecordLine
     from eagledata.rundir.manifest import RunDir
 
     name = f"synth-{records // 1000}k"
@@ -217,27 +218,29 @@ def synthetic_run(work: Path, records: int) -> Path:
     for index in range(records):
         output = [(index * 7 + k) % 1000 for k in range(63)] + [2]
         writer.write(
-            {
-                "id": f"{name}/r{index}/0",
-                "dataset": name,
-                "row_id": f"r{index}",
-                "sample": 0,
-                "finish_reason": "stop",
-                "prompt_tokens": len(input_ids),
-                "completion_tokens": len(output),
-                "created_at": now - 3600 + index * 1e-3,
-                "messages": [{"role": "user", "content": f"Question {index}"}],
-                "input_ids": input_ids,
-                "output_ids": output,
-                "text": "x" * 120,
-                "flags": [],
-                "matched_token_id": 2,
-                "cached_tokens": 0,
-                "server": "http://127.0.0.1:30000",
-                "rid": f"rid-{index}",
-                "weight_version": "default",
-                "e2e_latency": 1.0,
-            }
+            RecordLine.from_object(
+                {
+                    "id": f"{name}/r{index}/0",
+                    "dataset": name,
+                    "row_id": f"r{index}",
+                    "sample": 0,
+                    "finish_reason": "stop",
+                    "prompt_tokens": len(input_ids),
+                    "completion_tokens": len(output),
+                    "created_at": now - 3600 + index * 1e-3,
+                    "messages": [{"role": "user", "content": f"Question {index}"}],
+                    "input_ids": input_ids,
+                    "output_ids": output,
+                    "text": "x" * 120,
+                    "flags": dict.fromkeys(FLAG_NAMES, False),
+                    "matched_token_id": 2,
+                    "cached_tokens": 0,
+                    "server": "http://127.0.0.1:30000",
+                    "rid": f"rid-{index}",
+                    "weight_version": "default",
+                    "e2e_latency": 1.0,
+                }
+            )
         )
     writer.close()
     run_dir.set_planned(records)

@@ -11,7 +11,7 @@ import orjson
 from conftest import TOKENIZER
 from eagledata.config import DatasetSettings, FrozenSettings, GenerationSettings, TokenizerSettings
 from eagledata.run.writer import FailureLog, ShardWriter
-from eagledata.rundir.lines import RecordLine
+from eagledata.rundir.lines import RecordFlags, RecordLine
 from eagledata.rundir.manifest import RunDir
 from eagledata.rundir.records import failure_line, record_id
 
@@ -55,8 +55,8 @@ def record(
         input_ids=input_ids,
         output_ids=output_ids,
         text=text,
-        flags=flags,
-        matched_token_id=output_ids[-1] if finish == "stop" and output_ids else None,
+        flags=None if flags is None else RecordFlags.of(flags),
+        matched_token_id=output_ids[-1] if finish == "stop" and output_ids else -1,
     )
 
 

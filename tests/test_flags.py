@@ -6,12 +6,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 from flag_eval import hand_made_answers, score
 
 from conftest import SAMPLES, make_config, read_records, sim_config
-from eagledata.quality.flags import FlagDetector, LoopRule, loop_period
+from eagledata.quality.flags import ALL_FLAGS, FlagDetector, LoopRule, loop_period
 from eagledata.run import pipeline
+from eagledata.rundir.lines import FLAG_NAMES, RecordFlags, RecordLine
 from eagledata.rundir.status import run_status
 from eagledata.simserver import SimServerThread
 
@@ -126,15 +128,43 @@ def test_flags_on_every_record_match_what_the_simulator_made(
         pipeline.generate(config, str(SAMPLES / "sharegpt.jsonl"), None, progress=False)
         shapes = sim.stats()["answers"]["shapes"]
     records = read_records(out)
-    assert len(records) == 320 and all(isinstance(r["flags"], list) for r in records)
+    # every record holds every flag, true or false: one Arrow type whatever the answers
+    assert len(records) == 320
+    assert all(list(r["flags"]) == list(FLAG_NAMES) for r in records)
+    assert all(type(value) is bool for r in records for value in r["flags"].values())
     for flag, shape in (("degenerate", "loop"), ("empty", "empty")):
         made = {r["rid"] for r in records if shapes.get(r["rid"]) == shape}
-        flagged = {r["rid"] for r in records if flag in r["flags"]}
+        flagged = {r["rid"] for r in records if r["flags"][flag]}
         assert made, shape
         assert flagged == made, flag  # recall 100%, no false positive
     truncated = {r["rid"] for r in records if r["finish_reason"] == "length"}
-    assert truncated == {r["rid"] for r in records if "truncated" in r["flags"]}
+    assert truncated == {r["rid"] for r in records if r["flags"]["truncated"]}
     # status counts the flags where it counts everything else
     report = run_status(out)
-    assert report.flags["degenerate"] == sum("degenerate" in r["flags"] for r in records)
+    assert report.flags["degenerate"] == sum(r["flags"]["degenerate"] for r in records)
     assert report.to_json()["quality"]["flags"] == report.flags
+
+
+def test_every_flag_a_detector_names_is_a_field_a_record_holds() -> None:
+    # quality/flags.py names the flags; rundir/lines.py (below it) holds them in the record
+    assert ALL_FLAGS == FLAG_NAMES
+    fired = RecordFlags.of(["degenerate", "truncated"])
+    assert fired.names() == ["truncated", "degenerate"]  # the declared order
+    assert orjson.loads(orjson.dumps(fired.__dict__)) == {
+        "truncated": True, "empty": False, "degenerate": True,
+        "roundtrip_mismatch": False, "unbalanced_think": False,
+    }  # fmt: skip
+    with pytest.raises(ValueError, match="unknown flag 'shiny'"):
+        RecordFlags.of(["shiny"])
+
+
+def test_a_record_written_when_flags_were_a_list_reads_as_the_same_flags() -> None:
+    record = {
+        "id": "d/1/0", "dataset": "d", "row_id": "1", "sample": 0, "finish_reason": "length",
+        "prompt_tokens": 1, "completion_tokens": 1, "messages": [], "input_ids": [5],
+        "output_ids": [9], "text": "",
+    }  # fmt: skip
+    listed = RecordLine.parse(orjson.dumps({**record, "flags": ["truncated"]}))
+    assert listed.flags == RecordFlags(truncated=True)
+    assert RecordLine.parse(orjson.dumps({**record, "flags": []})).flags == RecordFlags()
+    assert RecordLine.parse(orjson.dumps(record)).flags is None  # before flags existed

@@ -51,10 +51,20 @@ def test_every_file_of_a_real_run_parses_line_by_line_as_its_model(
         for line in lines:
             parsed = model.parse(line)
             assert orjson.loads(parsed.dump()) == orjson.loads(line)  # nothing lost or added
+    # every record holds every field, none null: the bundled tokenizer has think tags (an int
+    # of reasoning_tokens) and the run's writer stamps its settings (test_record_types.py)
+    for path in files[RecordLine]:
+        for line in path.read_bytes().splitlines():
+            record = orjson.loads(line)
+            assert list(record) == list(RecordLine.model_fields)
+            assert [name for name, value in record.items() if value is None] == []
     for index in (out / "shards").glob("*.idx.json"):
         ShardIndexLine.parse(index.read_bytes())
     manifest = orjson.loads((out / "run.json").read_bytes())
-    assert manifest["line_schemas"] == {model.__name__: 1 for model in LINE_MODELS}
+    # RecordLine 2: flags an object of booleans, typed nones instead of null
+    assert manifest["line_schemas"] == {
+        model.__name__: 2 if model is RecordLine else 1 for model in LINE_MODELS
+    }
 
 
 RECORD = {

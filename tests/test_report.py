@@ -180,20 +180,29 @@ def test_the_record_reader_finds_exactly_what_a_full_parse_finds(sim_run: Path) 
     lines = list(committed_lines(sim_run))
     assert len(lines) == run_status(sim_run).written
     tricky = dict(orjson.loads(lines[0]))
-    tricky["messages"] = [{"role": "user", "content": 'say "flags":["x"] and "created_at":1'}]
+    tricky["messages"] = [
+        {"role": "user", "content": 'say "flags":["x"], "flags":{"empty":true} "created_at":1'}
+    ]
     tricky["text"] = '\\"completion_tokens\\":99 \u00e9\U0001f600 "finish_reason":"length"'
-    tricky["flags"] = ["degenerate", "unbalanced_think"]
+    tricky["flags"] = {**tricky["flags"], "degenerate": True, "unbalanced_think": True}
     tricky["spec_verify_ct"] = 17
-    spaced = json.dumps({**tricky, "flags": []}, indent=1).replace("\n", " ").encode() + b"\n"
+    spaced = json.dumps(tricky, indent=1).replace("\n", " ").encode() + b"\n"
+    listed = {**tricky, "flags": ["degenerate", "unbalanced_think"]}  # flags as a list, once
+    listed_clean = {**tricky, "flags": []}
     older = {k: v for k, v in tricky.items() if k not in ("flags", "server", "created_at")}
-    for line in [*lines, orjson.dumps(tricky) + b"\n", spaced, orjson.dumps(older) + b"\n"]:
+    extra = [tricky, listed, listed_clean, older]
+    for line in [*lines, spaced, *(orjson.dumps(record) + b"\n" for record in extra)]:
         record = orjson.loads(line)
         fields = record_fields(line)
         assert fields["prompt_tokens"] == record["prompt_tokens"]
         assert fields["completion_tokens"] == record["completion_tokens"]
         assert fields["finish_reason"] == record["finish_reason"]
         assert fields["created_at"] == record.get("created_at", 0.0)
-        assert fields["flags"] == record.get("flags")
+        flags = record.get("flags")
+        if isinstance(flags, dict):
+            flags = [name for name, value in flags.items() if value]
+        assert fields["flags"] == flags
+    assert record_fields(orjson.dumps(tricky))["flags"] == ["degenerate", "unbalanced_think"]
 
 
 def test_reads_committed_lines_only_and_a_shard_sealed_mid_read_once(

@@ -21,6 +21,7 @@ import pytest
 from conftest import SAMPLES, make_config, read_failures, read_records
 from eagledata.run import pipeline
 from eagledata.rundir.idset import CompactIdSet
+from eagledata.rundir.lines import FLAG_NAMES
 from eagledata.rundir.manifest import scan_totals, sealed_shards
 from eagledata.rundir.shardindex import (
     FORGED,
@@ -97,25 +98,35 @@ def test_every_sealed_shard_has_an_index_equal_to_one_rebuilt_from_its_lines(
     assert totals_of_indexes(finished) == totals_of_records(finished)
 
 
+def fired(record: dict[str, Any]) -> list[str]:
+    """The flags a record carries, read by hand: an object of booleans, or an older list."""
+    flags = record.get("flags") or ()
+    if isinstance(flags, dict):
+        return [name for name, value in flags.items() if value]
+    return list(flags)
+
+
 def test_flags_are_counted_from_the_records_and_none_for_records_without(
     finished: Path, tmp_path: Path
 ) -> None:
     run = copy_run(finished, tmp_path / "run")
     shard = sealed_shards(run)[0]
     records = [orjson.loads(line) for line in shard.read_bytes().splitlines()]
-    records[0]["flags"] = ["truncated", "degenerate"]
-    records[1]["flags"] = ["truncated"]
+    assert all(set(record["flags"]) == set(FLAG_NAMES) for record in records)
+    records[0]["flags"] = {**records[0]["flags"], "truncated": True, "degenerate": True}
+    records[1]["flags"] = ["truncated"]  # a record written when flags were a list
     del records[2]["flags"]  # a record written before flags existed
     records[3]["flags"] = []
+    records[4]["flags"] = dict.fromkeys(FLAG_NAMES, False)
     shard.write_bytes(b"".join(orjson.dumps(record) + b"\n" for record in records))
     every = read_records(run)
-    expected = Counter(flag for record in every for flag in record.get("flags") or ())
+    expected = Counter(flag for record in every for flag in fired(record))
     totals = scan_totals(run, persist_indexes=True)
-    assert totals.flags == dict(expected)
-    assert totals.flagged == sum(1 for record in every if record.get("flags"))
+    assert totals.flags == dict(expected) and totals.flags["degenerate"] >= 1
+    assert totals.flagged == sum(1 for record in every if fired(record))
     index = load_index(shard)
-    assert index.flags == dict(Counter(f for r in records for f in r.get("flags") or ()))
-    assert index.flagged == sum(1 for record in records if record.get("flags"))
+    assert index.flags == dict(Counter(f for r in records for f in fired(r)))
+    assert index.flagged == sum(1 for record in records if fired(record))
 
 
 def corrupt_deleted(index: Path, shard: Path) -> None:

@@ -232,7 +232,7 @@ def test_a_later_turn_hits_the_cached_prefix_of_the_turn_before(
     checked = 0
     for record in later:
         previous = records[f"{record['conversation_id']}/{record['turn'] - 1}"]
-        if "roundtrip_mismatch" in previous["flags"]:
+        if previous["flags"]["roundtrip_mismatch"]:
             continue  # its text does not encode back to its ids: the prefix differs there
         checked += 1
         before = previous["prompt_tokens"] + previous["completion_tokens"] - 1

@@ -68,7 +68,7 @@ class ConversationBuilder:
 
     def row(self, record: RecordLine, who: RowIdentity) -> dict[str, Any] | str:
         parts = self.splitter.split(
-            record.input_ids, record.output_ids, record.finish_reason, record.matched_token_id
+            record.input_ids, record.output_ids, record.finish_reason, record.matched
         )
         if not parts.content:
             # role validators (SpecForge's validate_row) refuse an empty assistant answer

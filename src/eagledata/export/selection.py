@@ -35,12 +35,12 @@ def flag_reason(flag: str) -> str:
 
 def record_flags(record: RecordLine) -> list[str]:
     if record.flags is not None:
-        return record.flags
+        return record.flags.names()
     return _FROM_IDS.flags(
         input_ids=record.input_ids,
         output_ids=list(record.output_ids),
         finish_reason=record.finish_reason,
-        matched=record.matched_token_id,
+        matched=record.matched,
     )
 
 

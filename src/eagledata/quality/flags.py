@@ -1,7 +1,9 @@
 """Quality flags on every record: cheap detectors that run on the hot path, on token ids.
 
 A flag marks data a drafter should probably not learn from, or a consumer must handle with care;
-the record is still written (the data is what the model produced). Flags (docs/run-directory.md):
+the record is still written (the data is what the model produced). A record holds them as an
+object of booleans, every flag present (``RecordFlags`` in rundir/lines.py, whose field names
+must be these). Flags (docs/run-directory.md):
 
 * ``truncated``: ``finish_reason`` is ``length``: cut at ``max_new_tokens``; a drafter trained on
   it learns never to stop.
@@ -21,12 +23,18 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from eagledata.rundir.lines import FLAG_NAMES
+
 TRUNCATED = "truncated"
 EMPTY = "empty"
 DEGENERATE = "degenerate"
 ROUNDTRIP_MISMATCH = "roundtrip_mismatch"
 UNBALANCED_THINK = "unbalanced_think"
 ALL_FLAGS = (TRUNCATED, EMPTY, DEGENERATE, ROUNDTRIP_MISMATCH, UNBALANCED_THINK)
+# A record holds every flag as a field of ``RecordFlags`` (rundir/lines.py, the lower layer):
+# a detector's flag the record cannot hold would fail every record it fires on.
+if set(ALL_FLAGS) != set(FLAG_NAMES):  # pragma: no cover - a contract edited on one side only
+    raise ImportError(f"quality flags {ALL_FLAGS} differ from the record's {FLAG_NAMES}")
 
 THINK_OPEN_TOKENS = ("<think>", "<|thinking|>", "◁think▷")
 THINK_CLOSE_TOKENS = ("</think>", "<|/thinking|>", "◁/think▷")

@@ -22,9 +22,10 @@ from eagledata.report.plotting import (
 )
 from eagledata.report.rundata import RunData
 from eagledata.report.sections import Plot, missing, share
+from eagledata.rundir.lines import FLAG_NAMES
 
 # Flags a record may carry (docs/run-directory.md), drawn even at zero so a clean run shows it.
-KNOWN_FLAGS = ("truncated", "empty", "degenerate", "roundtrip_mismatch", "unbalanced_think")
+KNOWN_FLAGS = FLAG_NAMES
 SCATTER_LIMIT = 5000  # above this many records a 2-D histogram says more than dots
 
 

@@ -31,9 +31,12 @@ import orjson
 
 from eagledata.report.scripts import dominant_script, script_letters
 from eagledata.rundir.journal import SHARD_PATTERN
+from eagledata.rundir.lines import flag_names
 
-# A JSON scalar, or a flat list of strings (``flags``), at the start of a value.
+# A JSON scalar, a flat list of strings (an older record's ``flags``) or a flat object of
+# booleans (``flags``), at the start of a value.
 _STRING = rb'"(?:[^"\\]|\\.)*"'
+_BOOL_MEMBER = _STRING + rb":(?:true|false)"
 _VALUE = re.compile(
     rb"-?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?|"
     + _STRING
@@ -41,7 +44,11 @@ _VALUE = re.compile(
     + _STRING
     + rb"(?:,"
     + _STRING
-    + rb")*)?\]"
+    + rb")*)?\]|\{(?:"
+    + _BOOL_MEMBER
+    + rb"(?:,"
+    + _BOOL_MEMBER
+    + rb")*)?\}"
 )
 
 _STRING_VALUE = re.compile(_STRING)
@@ -117,7 +124,9 @@ def _newest_user_of(record: dict[str, Any]) -> str | None:
 
 def fields_in(buf: Buffer, start: int, end: int, *, prompt_text: bool = False) -> dict[str, Any]:
     """The report's fields of the record line ``buf[start:end]`` (newline excluded);
-    ``flags`` is None when the record does not carry it (written before flags existed), and so
+    ``flags`` is the list of the flags that fired (from the record's object of booleans, or an
+    older record's list), None when the record does not carry it (written before flags
+    existed), and so
     are ``dataset``, ``turn``, ``conversation_turns`` and ``reasoning_tokens`` in records
     written before them. ``prompt_text`` adds ``user_text``: the newest user message."""
     try:
@@ -146,11 +155,12 @@ def _check_types(fields: dict[str, Any], strict: bool = True) -> None:
         and type(fields["prompt_tokens"]) is int
         and type(fields["completion_tokens"]) is int
         and isinstance(fields["finish_reason"], str)
-        and (fields["flags"] is None or isinstance(fields["flags"], list))
+        and (fields["flags"] is None or isinstance(fields["flags"], list | dict))
         and (fields["dataset"] is None or isinstance(fields["dataset"], str))
         and all(fields[name] is None or type(fields[name]) is int for name in _OPTIONAL_INTS)
     )
     if ok:
+        fields["flags"] = flag_names(fields["flags"])
         return
     if strict:
         raise _Odd
@@ -160,8 +170,7 @@ def _check_types(fields: dict[str, Any], strict: bool = True) -> None:
     fields["completion_tokens"] = int(_number(fields["completion_tokens"]))
     if not isinstance(fields["finish_reason"], str):
         fields["finish_reason"] = "?"
-    if not isinstance(fields["flags"], list):
-        fields["flags"] = None
+    fields["flags"] = flag_names(fields["flags"])
     if not isinstance(fields["dataset"], str):
         fields["dataset"] = None
     for name in _OPTIONAL_INTS:
@@ -279,7 +288,8 @@ class RecordSeries:
     truncated: array[int] = field(default_factory=lambda: array("B"))
     finish_reasons: Counter[str] = field(default_factory=Counter)
     flags: Counter[str] = field(default_factory=Counter)
-    # records that carry a ``flags`` list (older records do not), and those with any flag
+    # records that carry ``flags`` (records written before flags existed do not), and those
+    # with any flag
     with_flags_field: int = 0
     flagged: int = 0
     datasets: dict[str, DatasetSeries] = field(default_factory=dict)

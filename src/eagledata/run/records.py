@@ -4,11 +4,14 @@
 from __future__ import annotations
 
 import time
+from typing import TypeVar
 
-from eagledata.rundir.lines import RecordLine
+from eagledata.rundir.lines import NONE_VALUES, RecordFlags, RecordLine
 from eagledata.server.responses import GenerateResult
 from eagledata.source.prompts import Message
 from eagledata.source.workplan import WorkItem
+
+_T = TypeVar("_T")
 
 
 def completion_time(result: GenerateResult) -> float:
@@ -27,13 +30,16 @@ def make_record(
     messages: list[Message],
     input_ids: list[int],
     result: GenerateResult,
-    flags: list[str] | None = None,
-    conversation_id: str | None = None,
-    turn: int | None = None,
-    conversation_turns: int | None = None,
-    reasoning_tokens: int | None = None,
-    prompt_key: str | None = None,
+    flags: list[str],
+    conversation_id: str,
+    turn: int,
+    conversation_turns: int,
+    reasoning_tokens: int | None,
+    prompt_key: str,
 ) -> RecordLine:
+    """Every field of one JSON type whatever the answer (``RecordLine``): what the server did
+    not report is written as its typed none (``NONE_VALUES``), never null. ``reasoning_tokens``
+    is None for every record of a run whose tokenizer has no think tags, and only then."""
     return RecordLine(
         id=item_id,
         dataset=dataset,
@@ -50,19 +56,26 @@ def make_record(
         input_ids=input_ids,
         output_ids=result.output_ids,
         text=result.text,
-        # quality/flags.py: what a consumer should know about this answer; [] when clean
-        flags=flags if flags is not None else [],
+        # quality/flags.py: what a consumer should know about this answer; all false when clean
+        flags=RecordFlags.of(flags),
         # ``matched`` may be an id or a stop string; keep the column typed for Arrow.
-        matched_token_id=result.matched if isinstance(result.matched, int) else None,
-        cached_tokens=result.cached_tokens,
+        matched_token_id=_or_none(
+            result.matched if isinstance(result.matched, int) else None, "matched_token_id"
+        ),
+        cached_tokens=_or_none(result.cached_tokens, "cached_tokens"),
         server=result.server,
         rid=result.rid,
-        weight_version=result.weight_version,
-        e2e_latency=result.e2e_latency,
-        spec_verify_ct=result.spec_verify_ct,
+        weight_version=_or_none(result.weight_version, "weight_version"),
+        e2e_latency=_or_none(result.e2e_latency, "e2e_latency"),
+        spec_verify_ct=_or_none(result.spec_verify_ct, "spec_verify_ct"),
         reasoning_tokens=reasoning_tokens,
         prompt_key=prompt_key,
     )
+
+
+def _or_none(value: _T | None, field: str) -> _T:
+    """``value``, or the field's typed none where the server did not report one."""
+    return NONE_VALUES[field] if value is None else value  # type: ignore[return-value]
 
 
 def record_of(
@@ -85,5 +98,7 @@ def record_of(
         turn=item.turn,
         conversation_turns=item.conversation_turns,
         reasoning_tokens=reasoning_tokens,
-        prompt_key=item.prompt_key,
+        # a plan computes the key of every prompt; "" (the field's none) only for an item
+        # built without one
+        prompt_key=item.prompt_key or "",
     )

@@ -8,9 +8,11 @@ problem. The field descriptions here are the schema's documentation:
 fails when the doc and the models disagree).
 
 Adding a field: add it here with a description (and a default, so the lines of older runs still
-parse), set it where the line is built, run ``python scripts/gen_docs.py``. A change that older
-readers cannot take (a field removed, renamed or retyped) also raises that line's ``SCHEMA``,
-which ``run.json`` records (``line_schemas``) for every run it starts.
+parse), set it where the line is built, run ``python scripts/gen_docs.py``. A record field that
+some answers lack gets a typed none (``NONE_VALUES``), not null: ``tests/test_record_types.py``
+fails for a nullable record field it does not know. A change that older readers cannot take (a
+field removed, renamed or retyped) also raises that line's ``SCHEMA``, which ``run.json``
+records (``line_schemas``) for every run it starts.
 
 | line | file | written by |
 |---|---|---|
@@ -25,10 +27,18 @@ which ``run.json`` records (``line_schemas``) for every run it starts.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any, ClassVar, Literal, Self
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 
 
 class LineError(ValueError):
@@ -85,10 +95,94 @@ def _first_problem(exc: ValidationError) -> str:
 # --- records and failures: what the plan's items ended as -----------------------------------
 
 
+class RecordFlags(BaseModel):
+    """What a trainer should know of an answer (``quality/flags.py`` computes them): every
+    flag, always present, ``true`` where it fired. An object of booleans rather than a list of
+    names, so the column has one Arrow type in every record (a list empty in every clean record
+    of a shard is typed ``list<null>`` by ``datasets``, which then refuses the first flagged
+    one)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    truncated: bool = Field(
+        default=False, description="`finish_reason` is `length`: cut at `max_new_tokens`"
+    )
+    empty: bool = Field(default=False, description="no token but the stop token")
+    degenerate: bool = Field(
+        default=False, description="the answer ends in a repeated loop (found on `output_ids`)"
+    )
+    roundtrip_mismatch: bool = Field(
+        default=False,
+        description="decoding the output and re-encoding it does not give the ids back",
+    )
+    unbalanced_think: bool = Field(
+        default=False, description="a think block opened and never closed"
+    )
+
+    @classmethod
+    def of(cls, names: Iterable[str]) -> RecordFlags:
+        """The flags named (an older record's list); ``ValueError`` for a name not known."""
+        fired = dict.fromkeys(names, True)
+        unknown = sorted(set(fired) - set(FLAG_NAMES))
+        if unknown:
+            raise ValueError(f"unknown flag {unknown[0]!r}; known: {', '.join(FLAG_NAMES)}")
+        return cls(**fired)
+
+    def names(self) -> list[str]:
+        """The flags that fired, in declared order; empty for a clean answer."""
+        return [name for name in FLAG_NAMES if getattr(self, name)]
+
+
+FLAG_NAMES: tuple[str, ...] = tuple(RecordFlags.model_fields)
+"""Every record flag, in the order a record writes them."""
+
+
+def flag_names(value: object) -> list[str] | None:
+    """The flags that fired, from a record's ``flags`` in any form a run has held: the model
+    (the writer's record), an object of booleans (a parsed line), an older line's list of
+    names; None where the record carries none (written before flags existed) or something
+    else."""
+    if isinstance(value, RecordFlags):
+        return value.names()
+    if isinstance(value, dict):
+        return [str(name) for name, fired in value.items() if fired is True]
+    if isinstance(value, list):
+        return [str(name) for name in value]
+    return None
+
+
+NONE_VALUES: dict[str, object] = {
+    "matched_token_id": -1,
+    "cached_tokens": -1,
+    "server": "",
+    "rid": "",
+    "weight_version": "",
+    "e2e_latency": 0.0,
+    "spec_verify_ct": 0,
+    "prompt_key": "",
+}
+"""The typed "none" of each record field an answer may lack, written instead of null: a column
+null in every record of a consumer's first block is typed ``null`` by ``datasets.load_dataset``,
+which then refuses the first record holding a value. A null in an older record parses as it."""
+
+
 class RecordLine(Line):
     """One generated answer: exactly the ids sent and the ids returned, and where they came
-    from. ``id`` comes first, so a reader that wants only ids can stop parsing early."""
+    from. ``id`` comes first, so a reader that wants only ids can stop parsing early.
 
+    Every field a new record writes has one JSON type in every record of a run, whatever the
+    answer (``datasets.load_dataset("json")`` infers the columns from the first records of the
+    first shard and casts every later one to them): an answer without a value gets the field's
+    typed none (``NONE_VALUES``). Two fields may be null, each for a whole run:
+    ``reasoning_tokens`` (null under a tokenizer without think tags: the run's tokenizer is
+    frozen) and ``settings`` (stamped by the writer of every run; null only where a writer is
+    given no fingerprint)."""
+
+    SCHEMA: ClassVar[int] = 2
+    """2: ``flags`` an object of booleans (a list of names before), typed nones for
+    ``matched_token_id`` (-1), ``cached_tokens`` (-1), ``e2e_latency`` (0.0),
+    ``spec_verify_ct`` (0), ``weight_version``, ``server``, ``rid`` and ``prompt_key`` ("")
+    where null was written. Lines of schema 1 still parse, as the same values."""
     FILE: ClassVar[str] = "shards/*.jsonl"
 
     id: str = Field(
@@ -101,17 +195,19 @@ class RecordLine(Line):
     conversation_id: str | None = Field(
         default=None,
         description="`dataset/row_id/sample`: the conversation this answer belongs to (each "
-        "sample is a conversation of its own); null in records written before turns existed",
+        "sample is a conversation of its own); null only in records written before turns "
+        "existed",
     )
     turn: int | None = Field(
         default=None,
         description="0-based among the conversation's regenerated assistant turns (always 0 "
-        'under `turns = "last"`)',
+        'under `turns = "last"`); null only in records written before turns existed',
     )
     conversation_turns: int | None = Field(
         default=None,
         description="how many of the conversation's assistant turns are regenerated (1 under "
-        '`turns = "last"`): `turn` runs from 0 to `conversation_turns - 1`',
+        '`turns = "last"`): `turn` runs from 0 to `conversation_turns - 1`; null only in '
+        "records written before turns existed",
     )
     finish_reason: Literal["stop", "length"] = Field(
         description="`stop` (the model ended it) or `length` (cut at `max_new_tokens`)"
@@ -130,45 +226,76 @@ class RecordLine(Line):
     input_ids: list[int] = Field(description="exactly the ids sent")
     output_ids: list[int] = Field(description="exactly the ids returned, stop token included")
     text: str = Field(description="the answer's text as the server decoded it")
-    flags: list[str] | None = Field(
+    flags: RecordFlags | None = Field(
         default=None,
-        description="what a trainer should know of the answer (`truncated`, `empty`, "
-        "`degenerate`, `roundtrip_mismatch`, `unbalanced_think`); empty when clean, absent "
-        "only in records written before flags existed",
+        description="what a trainer should know of the answer: an object holding every flag "
+        "(`truncated`, `empty`, `degenerate`, `roundtrip_mismatch`, `unbalanced_think`), "
+        "`true` where it fired, all `false` when clean. Records written before it was an "
+        "object hold a list of the names that fired (read as the same flags); absent only in "
+        "records written before flags existed",
     )
-    matched_token_id: int | None = Field(
-        default=None, description="the stop token that ended it (null for a stop string)"
+    matched_token_id: int = Field(
+        default=-1,
+        description="the stop token id that ended it; -1 when none did (cut at "
+        "`max_new_tokens`, or ended by a stop string)",
     )
-    cached_tokens: int | None = Field(
-        default=None, description="prompt tokens the server found in its prefix cache"
+    cached_tokens: int = Field(
+        default=-1,
+        description="prompt tokens the server found in its prefix cache; -1 when the server "
+        "did not say (0 is a miss)",
     )
-    server: str | None = Field(default=None, description="the server URL that answered")
-    rid: str | None = Field(default=None, description="the request id sent to SGLang")
-    weight_version: str | None = Field(default=None, description="SGLang's `weight_version`")
-    e2e_latency: float | None = Field(
-        default=None, description="SGLang's end-to-end latency of the request, seconds"
+    server: str = Field(default="", description="the server URL that answered")
+    rid: str = Field(default="", description="the request id sent to SGLang")
+    weight_version: str = Field(
+        default="", description='SGLang\'s `weight_version`; "" when the server did not say'
     )
-    spec_verify_ct: int | None = Field(
-        default=None,
-        description="SGLang's speculative verify steps for this answer; null without "
-        "speculative decoding",
+    e2e_latency: float = Field(
+        default=0.0,
+        description="SGLang's end-to-end latency of the request, seconds; 0.0 when the "
+        "server did not say (the send time is then unknown)",
+    )
+    spec_verify_ct: int = Field(
+        default=0,
+        description="SGLang's speculative verify steps for this answer; 0 without speculative "
+        "decoding (or when no verify step ran)",
     )
     settings: str | None = Field(
         default=None,
         description="the fingerprint of the frozen settings it was made under (`run.json`'s "
-        "`fingerprint`): a run never adopts a record made under other settings; null in "
-        "records written before it existed",
+        "`fingerprint`): a run never adopts a record made under other settings; set on every "
+        "record a run writes, null in records written before it existed",
     )
     reasoning_tokens: int | None = Field(
         default=None,
         description="output ids spent thinking (inside the think block, tags excluded); null "
-        "for a tokenizer without think tags",
+        "in every record of a run whose tokenizer has no think tags, an int in every record "
+        "of any other",
     )
-    prompt_key: str | None = Field(
-        default=None,
+    prompt_key: str = Field(
+        default="",
         description="the hash a duplicate prompt is found by (of the prompt ids; under `turns "
-        '= "all"` of the first prompt\'s ids and the later user messages)',
+        '= "all"` of the first prompt\'s ids and the later user messages); "" where none',
     )
+
+    @field_validator("flags", mode="before")
+    @classmethod
+    def _flags_of_a_list(cls, value: object) -> object:
+        """An older record's list of flag names: the same flags."""
+        if isinstance(value, list) and all(isinstance(name, str) for name in value):
+            return RecordFlags.of(value)
+        return value
+
+    @field_validator(*NONE_VALUES, mode="before")
+    @classmethod
+    def _null_as_none_value(cls, value: object, info: ValidationInfo) -> object:
+        """An older record's null: the field's typed none."""
+        return NONE_VALUES[info.field_name] if value is None else value  # type: ignore[index]
+
+    @property
+    def matched(self) -> int | None:
+        """The stop token id that ended the answer, None when none did (as ``GenerateResult``
+        has it, less a stop string)."""
+        return self.matched_token_id if self.matched_token_id >= 0 else None
 
 
 class FailureLine(Line):

@@ -272,9 +272,10 @@ def scan_totals(
             totals.completion_tokens += record.completion_tokens
             totals.output_lengths.append(record.completion_tokens)
             _count(totals.finish_reasons, record.finish_reason)
-            if record.flags:  # None: a record written before flags existed
+            fired = record.flags.names() if record.flags is not None else ()
+            if fired:  # flags None: a record written before flags existed
                 totals.flagged += 1
-                for flag in record.flags:
+                for flag in fired:
                     _count(totals.flags, flag)
             created = record.created_at
             if totals.first_created is None or created < totals.first_created:
@@ -282,7 +283,7 @@ def scan_totals(
             if totals.last_created is None or created > totals.last_created:
                 totals.last_created = created
             totals.ends.append(created)
-            totals.starts.append(created - max(record.e2e_latency or 0.0, 0.0))
+            totals.starts.append(created - max(record.e2e_latency, 0.0))  # 0.0: not reported
             totals.acceptance.add(
                 record.spec_verify_ct, record.completion_tokens, recent=created >= horizon
             )

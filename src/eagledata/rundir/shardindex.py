@@ -34,7 +34,7 @@ import orjson
 
 from eagledata.atomic import atomic_write
 from eagledata.errors import StorageError
-from eagledata.rundir.lines import LineError, ShardIndexLine
+from eagledata.rundir.lines import LineError, ShardIndexLine, flag_names
 
 INDEX_VERSION = 3
 """3: ``started_at`` per record (the run's active time, ``rundir/rates.py``), ``settings``
@@ -242,7 +242,8 @@ class IndexBuilder:
         self.completion_lengths.append(completion)
         finish = str(record.get("finish_reason", "?"))
         self.finish_reasons[finish] = self.finish_reasons.get(finish, 0) + 1
-        flags = record.get("flags") or ()  # records before the quality work have none
+        # the writer's model, a line's object of booleans, an older line's list; or none at all
+        flags = flag_names(record.get("flags")) or ()
         if flags:
             self.flagged += 1
         for flag in flags:

@@ -72,8 +72,8 @@ def _check_record(record: object, where: str, report: VerifyReport) -> str | Non
         )
     elif (
         line.finish_reason == "stop"
-        and line.matched_token_id is not None
-        and (not line.output_ids or line.output_ids[-1] != line.matched_token_id)
+        and line.matched is not None
+        and (not line.output_ids or line.output_ids[-1] != line.matched)
     ):
         report.add(f"{where}: finish 'stop' but the matched token is not the last output id")
     return line.id

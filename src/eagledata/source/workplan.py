@@ -363,8 +363,7 @@ class WorkPlan(Iterator[WorkItem | Answered | Outcome]):
             turn=tail.turn or 0,
             conversation=conversation,
         )
-        matched = tail.matched_token_id
-        return Answered(previous, tail.output_ids, tail.finish_reason, matched)
+        return Answered(previous, tail.output_ids, tail.finish_reason, tail.matched)
 
     # --- duplicates and failures ------------------------------------------------------------
 
