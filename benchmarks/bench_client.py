@@ -296,7 +296,8 @@ async def drive(
         await clock()
     # Let in-flight requests finish; a client too slow to drain in time is cut off.
     with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(asyncio.shield(run), timeout=latency_s + 10.0)
+        async with asyncio.timeout(latency_s + 10.0):
+            await asyncio.shield(run)
     if not run.done():
         run.cancel()
         with contextlib.suppress(asyncio.CancelledError):
