@@ -250,16 +250,43 @@ def test_a_retracted_request_waiting_in_the_queue_is_one_retraction() -> None:
     assert gate.target.value == pytest.approx(0.80)
 
 
-def test_a_503_halves_the_queue_and_calm_gives_it_back() -> None:
-    gate = lane(queue_target=8, queue_cap=8)
-    gate.queue_full()
-    assert gate.queue_target == 4
-    gate.queue_full()
-    gate.queue_full()
-    gate.queue_full()
-    assert gate.queue_target == 1
-    gate.maybe_creep(2.0)
-    assert gate.queue_target == 2
+def test_the_gate_never_fills_the_queue_cap_the_server_reports() -> None:
+    """``max_queued_requests`` from /server_info: the sample's queue plus everything sent since
+    (no credit for answers that ended: an upper bound) stays below it, whatever the depth rule
+    and the forecast say, so our own traffic can get no 503."""
+    gate = lane(queue_target=100, queue_limit=5)
+    lengths = kaplan_meier([50] * 20, [], cap=4096)
+    gate.observe(LaneSample(time=0.0, waiting=3, running=1, used_tokens=300), 0.0)
+    admitted = 0
+    while gate.room(ticket := Ticket(gate, 100, 150, 1.0, lengths), 1.0) is not None:
+        gate.tickets[ticket] = None
+        admitted += 1
+    assert admitted == 2 and gate.held_by == {"queue_cap": 1}  # 3 + 2 = 5: full
+    gate.ended(next(iter(gate.tickets)), 1.5, 150, data=True)  # an answer ends: no credit
+    assert gate.room(Ticket(gate, 100, 150, 1.5, lengths), 1.5) is None
+    gate.observe(LaneSample(time=2.0, waiting=1, running=6, used_tokens=800), 2.0)
+    assert gate.room(Ticket(gate, 100, 150, 2.0, lengths), 2.0) is not None  # the queue moved
+
+
+def test_a_503_teaches_a_queue_cap_that_is_not_one_slot_for_good() -> None:
+    """A server that reports no cap but answers 503: the queue we may have had at the 503 was
+    at least its cap, and the gate keeps below that; a calm ceiling period relaxes it by one."""
+    gate = lane(queue_target=8)
+    gate.observe(LaneSample(time=0.0, waiting=4, running=2), 0.0)
+    for sent in range(3):
+        gate.tickets[Ticket(gate, 100, 150, 0.5 + sent)] = None
+    gate.queue_full(3.0, gate.queued_at_most())  # 4 + 3 sent since: the cap is at most 6
+    assert gate.queue_cap() == 6 and gate.queue_target == 8
+    gate.queue_full(3.1, 2)  # a second 503 with less in the queue lowers it...
+    gate.queue_full(3.2, 5)  # ...a later one with more does not raise it
+    assert gate.queue_cap() == 1
+    hold = gate.settings.ceiling_hold_s
+    gate.maybe_creep(3.2 + hold)
+    gate.maybe_creep(3.2 + 2 * hold)
+    assert gate.queue_cap() == 3  # relaxed, one per ceiling period without a 503
+    reported = lane(queue_limit=64)
+    reported.queue_full(1.0, 70)  # another client's burst: the reported cap stands
+    assert reported.queue_cap() == 64 and reported.rejections == 1
 
 
 def test_fallback_is_the_planners_number() -> None:
@@ -457,8 +484,8 @@ def test_the_controller_backs_off_on_a_real_retraction_and_a_503(tokenizer_dir: 
         gate = asyncio.run(watch())
     assert gate.target.retractions >= 1
     assert gate.target.value < 0.85
-    gate.queue_full()
-    assert gate.queue_target < gate.queue_cap
+    gate.queue_full(0.0, 3)  # the server reports no cap: a 503 teaches one
+    assert gate.queue_cap() == 2
 
 
 def test_an_answer_that_ends_opens_the_gate_before_the_next_poll(tokenizer_dir: str) -> None:

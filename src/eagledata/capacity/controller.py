@@ -27,10 +27,21 @@ The gate, per lane (one DP rank of one server, or a router's workers together):
   within ``u* x pool``. The pool's measured use plus what was sent since must stay within it
   too.
 * The server's queue is kept just deep enough to fill its next prefill batch:
-  ``q* = max(2, ceil(chunked_prefill_size / mean prompt))``, halved on a 503.
+  ``q* = max(2, ceil(chunked_prefill_size / mean prompt))``, counted from what the client knows
+  rather than from the last sample alone: the queue the sample saw, plus what was sent since,
+  less what ended since (each answer that ends lets the server take the next request from its
+  queue). So a slow poll does not make a slow admission: every answer that ends admits one.
+* The server's own queue cap (``max_queued_requests`` from ``/server_info``) is never reached:
+  the queue the sample saw plus everything sent since (nothing credited: an upper bound) stays
+  below it, so our traffic gets no 503 by construction. A server that reports no cap but
+  answers 503 teaches one (the bound at the 503), which relaxes by one a ceiling period later.
 * At a measured usage above 0.97 with a queue, admissions pause (a retraction is imminent).
 * ``u*`` itself (start 0.85, in [0.60, 0.95]) moves by AIMD on the server's retractions, under
-  a ceiling learned from them (``capacity/usage_target.py``).
+  a ceiling learned from them (``capacity/usage_target.py``), at a pace set by how long a
+  request lives on this server: on a fast one its periods shrink with the answers' lifetime.
+* The measured use is a sample's: between samples, the KV of the requests that ended since is
+  taken off it, and the load our requests do not explain is the sample's, not the sample's
+  less what is in flight now (which would count every answer that ended since as a stranger's).
 * No signal at all: the planner's number (``fallback_concurrency``), in-flight requests only.
 
 In steady state this converges near ``W* = u* C / E_held`` running requests, where ``E_held =
@@ -103,12 +114,25 @@ class Lane:
     usage_target: InitVar[float] = 0.85
     """The initial ``u*``; the lane's ``target`` moves it (``capacity/usage_target.py``)."""
     queue_target: int = 2
-    queue_cap: int = 2
+    """``q*``: the server queue the gate keeps (``initial_queue_target``)."""
+    queue_limit: int | None = None
+    """The server's ``max_queued_requests`` (per DP rank): the queue never reaches it."""
+    learned_limit: int | None = None
+    """A queue cap learned from a 503, when the server reports none."""
+    learned_at: float = 0.0
     tickets: dict[Ticket, None] = field(default_factory=dict)
     sample: LaneSample | None = None
     decode_rate: float = 10.0
     age_scale: float = 1.0
     rejections: int = 0
+    ended_since_sample: int = 0
+    """Requests that ended with an answer since the last sample."""
+    freed_since_sample: float = 0.0
+    """KV the sample counted that the requests ending since have freed."""
+    foreign_tokens: float = 0.0
+    """KV the last sample showed that our requests did not account for, then."""
+    lifetime_s: float | None = None
+    """How long one of our requests lives here, sent to answered (a moving mean)."""
     held_by: dict[str, int] = field(default_factory=dict)
     """Requests held back since the last telemetry line, by the rule that held them."""
     rng: np.random.Generator = field(default_factory=lambda: np.random.default_rng(0))
@@ -129,20 +153,26 @@ class Lane:
         measured (``calibrate``). One still queued, as far as the samples tell, has none."""
         start = ticket.started_at
         if start is None:
-            if self.sample is not None and self.sample.waiting is not None:
-                return 0
-            start = ticket.sent_at  # a server that does not count its queue
+            sample = self.sample
+            if sample is not None and sample.waiting:
+                return 0  # behind a queue the server had: not started yet, as far as we know
+            start = ticket.sent_at  # no queue to wait in (or a server that does not count it)
         return int(max(0.0, now - start) * self.decode_rate * self.age_scale)
 
     def mark_started(self, sample: LaneSample, previous: LaneSample | None) -> None:
         """Which of our requests the server has admitted: all but the newest ``waiting`` (its
-        queue is first come first served). One admitted since the last sample started, on
+        queue is first come first served). One sent while the server had no queue started
+        when it was sent; one admitted out of a queue since the last sample started, on
         average, halfway between the two (or between its sending and this sample)."""
         if sample.waiting is None:
             return
+        no_queue = previous is None or not previous.waiting
         sent = sorted((t for t in self.tickets if t.sent_at <= sample.time), key=_sent_at)
         for ticket in sent[: max(0, len(sent) - sample.waiting)]:
             if ticket.started_at is None:
+                if no_queue:
+                    ticket.started_at = ticket.sent_at
+                    continue
                 since = ticket.sent_at if previous is None else max(ticket.sent_at, previous.time)
                 ticket.started_at = (since + sample.time) / 2
 
@@ -176,22 +206,28 @@ class Lane:
             draws=ticket.draws,
         )
 
-    def unexplained(self, ours: float) -> float:
-        """KV the server reports that our requests in flight (holding ``ours``) do not account
-        for (another client's, or growth we underestimate): it stays in every forecast."""
-        sample = self.sample
-        if sample is None or sample.used_tokens is None:
-            return 0.0
-        return max(0.0, sample.used_tokens - ours)
+    def explain(self, sample: LaneSample) -> None:
+        """The KV the sample shows that our requests running then do not account for (another
+        client's, or growth we underestimate): it stays in every forecast until the next
+        sample. Measured at the sample's time, against what ran then: our requests that end
+        later free their own KV, not a stranger's."""
+        if sample.used_tokens is None:
+            self.foreign_tokens = 0.0
+            return
+        ours = sum(
+            t.prompt_tokens + self.age(t, sample.time)
+            for t in self.tickets
+            if t.sent_at <= sample.time and (sample.waiting is None or t.started_at is not None)
+        )
+        self.foreign_tokens = max(0.0, sample.used_tokens - ours)
 
     def peak(self, now: float, extra: Ticket | None = None) -> float:
         """The highest KV what is in flight (and ``extra``, admitted now) will hold before it
         ends, at the ``overflow_quantile`` of the sampled futures, plus the unexplained load."""
         flights = [self.flight(ticket, now) for ticket in self.tickets]
-        ours = sum(flight.held for flight in flights)
         if extra is not None:
             flights.append(self.flight(extra, now))
-        return self.unexplained(ours) + peak_quantile(flights, self.settings.overflow_quantile)
+        return self.foreign_tokens + peak_quantile(flights, self.settings.overflow_quantile)
 
     def budget(self) -> float | None:
         """The KV the lane may hold: the target share of the pool."""
@@ -200,20 +236,38 @@ class Lane:
         return self.target.value * self.pool_tokens
 
     def present(self, prompt_tokens: int) -> float | None:
-        """The pool's measured use now plus what we sent since it was measured, plus this
-        prompt: it must stay within the target share whatever the forecast says."""
+        """The pool's measured use, less what the requests that ended since freed, plus what
+        we sent since it was measured, plus this prompt: it must stay within the target share
+        whatever the forecast says."""
         sample = self.sample
         if sample is None or sample.used_tokens is None or self.pool_tokens is None:
             return None
         recent = sum(t.prompt_tokens for t in self.tickets if t.sent_at > sample.time)
-        return sample.used_tokens + recent + prompt_tokens
+        used = max(0.0, sample.used_tokens - self.freed_since_sample)
+        return used + recent + prompt_tokens
 
-    def queued_estimate(self) -> int:
-        """The server's queue as we last saw it, plus what we sent since (it may be queued)."""
+    def queued_at_most(self) -> int:
+        """An upper bound on the server's queue: what the last sample saw plus everything we
+        sent since (a request that ends is no proof that the server took another)."""
         if self.sample is None:
-            return 0
+            return sum(1 for ticket in self.tickets if ticket.started_at is None)
         recent = sum(1 for ticket in self.tickets if ticket.sent_at > self.sample.time)
         return (self.sample.waiting or 0) + recent
+
+    def queued_estimate(self) -> int:
+        """The server's queue as the client knows it: the sample's, plus what was sent since,
+        less what ended since (the server takes the next queued request into the room an
+        answer leaves). Not bound to the poll: each answer that ends admits one."""
+        if self.sample is None:
+            return 0
+        return max(0, self.queued_at_most() - self.ended_since_sample)
+
+    def queue_cap(self) -> int | None:
+        """The queue the gate never reaches: the server's ``max_queued_requests``, or one a
+        503 taught."""
+        if self.queue_limit is not None:
+            return self.queue_limit
+        return self.learned_limit
 
     def room(self, candidate: Ticket, now: float) -> float | None:
         """Free projected KV if this request were admitted (>= 0), or None: not now (the
@@ -233,6 +287,9 @@ class Lane:
             return "no_pool"
         if self.max_running is not None and self.in_flight >= self.max_running + self.queue_target:
             return "max_running"
+        cap = self.queue_cap()
+        if cap is not None and self.queued_at_most() >= cap:
+            return "queue_cap"
         queued = self.queued_estimate()
         if queued >= self.queue_target:
             return "queue"
@@ -272,6 +329,9 @@ class Lane:
             self.decode_rate = 0.7 * self.decode_rate + 0.3 * rate
         self.mark_started(sample, previous)
         self.calibrate(sample)
+        self.explain(sample)
+        self.ended_since_sample = 0
+        self.freed_since_sample = 0.0
         usage = sample.token_usage
         if usage is None and sample.used_tokens is not None and self.pool_tokens:
             usage = sample.used_tokens / self.pool_tokens
@@ -301,16 +361,42 @@ class Lane:
             sample.retracted_total is not None or sample.retracted_waiting is not None
         )
 
-    def queue_full(self) -> None:
-        """A 503: the server's queue is at its cap; keep a shallower one."""
+    def queue_full(self, now: float, bound: int) -> None:
+        """A 503: the server's queue was at its cap. One it reports is never reached (our
+        traffic cannot have done it: another client's did); without one, the queue we may
+        have had at most (``bound``, the refused request counted) was at least its cap: the
+        gate keeps below that from now on, not one slot for good."""
         self.rejections += 1
-        self.queue_target = max(1, self.queue_target // 2)
+        if self.queue_limit is None:
+            learned = max(1, bound - 1)
+            self.learned_limit = min(self.learned_limit or learned, learned)
+            self.learned_at = now
 
     def maybe_creep(self, now: float) -> None:
-        """A creep period of the target (``UsageTarget.period``) also gives back a queue slot
-        that a 503 took."""
-        if self.target.period(now):
-            self.queue_target = min(self.queue_cap, self.queue_target + 1)
+        """A creep period of the target (``UsageTarget.period``); a ceiling period without a
+        503 relaxes a learned queue cap by one (the cap that refused may have been a burst of
+        another client's)."""
+        self.target.period(now)
+        hold = self.settings.ceiling_hold_s * self.target.pace
+        if self.learned_limit is not None and now - self.learned_at >= hold:
+            self.learned_limit += 1
+            self.learned_at = now
+
+    def ended(self, ticket: Ticket, now: float, held: int | None, *, data: bool) -> None:
+        """A request of this lane ended with an answer, holding ``held`` KV tokens at its end:
+        the server took it out of its pool (and the next request out of its queue). ``data``:
+        one of the run's own (its lifetime paces the usage target)."""
+        self.ended_since_sample += 1
+        sample = self.sample
+        if sample is not None and ticket.sent_at <= sample.time and held is not None:
+            self.freed_since_sample += held
+        if data:
+            life = now - ticket.sent_at
+            if life > 0:
+                self.lifetime_s = (
+                    life if self.lifetime_s is None else (0.9 * self.lifetime_s + 0.1 * life)
+                )
+                self.target.pace_by(self.lifetime_s)
 
     def learn_rate(self, completion_tokens: int, seconds: float) -> None:
         """A finished request's tokens over its time (queue wait included: an underestimate,

@@ -61,7 +61,12 @@ class ItemSender:
         ticket = await load.acquire(len(item.input_ids))
         try:
             result = await self.client.generate(
-                item.input_ids, params, new_rid(), url=ticket.lane.server, dp_rank=ticket.lane.rank
+                item.input_ids,
+                params,
+                new_rid(),
+                url=ticket.lane.server,
+                dp_rank=ticket.lane.rank,
+                admitted=True,
             )
         except QueueFullError:
             load.release(ticket, queue_full=True)

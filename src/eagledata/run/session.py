@@ -33,6 +33,7 @@ from eagledata.rundir.journal import Journal
 from eagledata.rundir.manifest import RunDir, RunTotals, scan_totals
 from eagledata.rundir.status import canary_line, canary_summary
 from eagledata.rundir.telemetry import TelemetryLog
+from eagledata.server.budget import SlotGate
 from eagledata.server.client import SGLangClient
 from eagledata.server.guard import KVGuard
 from eagledata.source.dataset import ResolvedDataset, count_rows
@@ -224,27 +225,34 @@ class Run:
                 if not self.run_dir.exists():
                     self.run_dir.create(self.frozen, self._manifest_extra(kv_guard, estimate))
                 source: AsyncIterator[WorkItem] = _iterate([])
-                if tokenizer is not None and config.canary.enabled:
-                    canary_started = time.monotonic()
-                    quality_log = Journal(self.run_dir.path / "quality.jsonl", 0.0)
-                    canary_tokenizer = tokenizer
-                    monitor = await start_canary(
-                        self.run_dir,
-                        config,
-                        client,
-                        kv_guard,
-                        guard,
-                        lambda: canary_prompts(config, self.dataset, canary_tokenizer, limit),
-                        quality_log,
-                        # said only beside the live bar: stderr is one line on failure
-                        progress.note if self.show_progress else lambda _: None,
-                    )
-                    guard.checks.append(monitor)
-                    self.checks_s += time.monotonic() - canary_started
                 telemetry = TelemetryLog(self.run_dir.path, config.load.telemetry_max_bytes)
                 load = await load_controller(
                     client, kv_guard, config, fixed, telemetry, progress, totals.output_lengths
                 )
+                # Every generation passes one gate (server/budget.py), the canary's too: a fixed
+                # --concurrency N bounds all we have in flight on a server; under auto the
+                # controller counts the canary's requests like the run's.
+                client.gate = SlotGate(fixed) if fixed is not None else load
+                if tokenizer is not None and config.canary.enabled:
+                    canary_started = time.monotonic()
+                    quality_log = Journal(self.run_dir.path / "quality.jsonl", 0.0)
+                    canary_tokenizer = tokenizer
+                    # The controller reads the servers' load while the canary starts too.
+                    async with TaskScope(shutdown_s=TASK_SHUTDOWN_S) as scope:
+                        scope.create_task(load.run(), name="load-controller")
+                        monitor = await start_canary(
+                            self.run_dir,
+                            config,
+                            client,
+                            kv_guard,
+                            guard,
+                            lambda: canary_prompts(config, self.dataset, canary_tokenizer, limit),
+                            quality_log,
+                            # said only beside the live bar: stderr is one line on failure
+                            progress.note if self.show_progress else lambda _: None,
+                        )
+                    guard.checks.append(monitor)
+                    self.checks_s += time.monotonic() - canary_started
                 if tokenizer is not None:
                     plan = WorkPlan(
                         self.dataset,

@@ -31,6 +31,7 @@ from eagledata.server.answers import (
     generate_answer,
     router_worker_urls,
 )
+from eagledata.server.budget import SlotGate, TrafficGate
 
 # Re-exported: callers that hold a client also name its results and request ids from here.
 from eagledata.server.loads import (
@@ -88,6 +89,9 @@ class SGLangClient:
         self._health_poll_s = health_poll_s
         self._recovering = asyncio.Lock()
         self._missing_load_routes: dict[str, set[str]] = {}
+        self.gate: TrafficGate | None = None
+        """Every generation passes it before it is sent (``server/budget.py``): the slots of a
+        fixed ``--concurrency``, or the load controller under auto. None: nothing gated."""
 
     @classmethod
     def api_key_from_env(cls, variable: str) -> str | None:
@@ -101,10 +105,27 @@ class SGLangClient:
         await self._pools.close()
 
     def pick_endpoint(self) -> Endpoint:
+        """The healthy server with the fewest of our requests in flight (one with a free slot
+        first, under a fixed ``--concurrency``: the canary may hold another's)."""
         healthy = [endpoint for endpoint in self.endpoints if endpoint.healthy]
         if not healthy:
             raise ServerDownError("no server is reachable", reason="server_down")
+        gate = self.gate
+        if isinstance(gate, SlotGate):
+            return min(healthy, key=lambda e: (not gate.has_room(e.url), e.in_flight))
         return min(healthy, key=lambda endpoint: endpoint.in_flight)
+
+    async def _through_gate(
+        self, url: str, rank: int | None, prompt_tokens: int, max_new_tokens: int
+    ) -> object | None:
+        """Wait for the gate's leave to send one request to ``url``; None: no gate."""
+        if self.gate is None:
+            return None
+        return await self.gate.enter(url, rank, prompt_tokens, max_new_tokens)
+
+    def _leave_gate(self, entry: object | None) -> None:
+        if entry is not None and self.gate is not None:
+            self.gate.leave(entry)
 
     def endpoint(self, url: str) -> Endpoint | None:
         return next((endpoint for endpoint in self.endpoints if endpoint.url == url), None)
@@ -119,13 +140,19 @@ class SGLangClient:
         *,
         url: str | None = None,
         dp_rank: int | None = None,
+        admitted: bool = False,
     ) -> GenerateResult:
         """One attempt at one generation. Raises an ``ItemError`` or a ``ServerError``.
 
         ``url`` sends it to that server (the load controller's choice) while it is healthy;
-        ``dp_rank`` pins its DP rank (``data_parallel_rank``)."""
+        ``dp_rank`` pins its DP rank (``data_parallel_rank``); ``admitted``: the load controller
+        already counted it (a ticket), so it does not pass the gate again."""
         chosen = self.endpoint(url) if url is not None else None
         endpoint = chosen if chosen is not None and chosen.healthy else self.pick_endpoint()
+        entry = None
+        if not admitted:
+            max_new = int(sampling_params.get("max_new_tokens") or 0)
+            entry = await self._through_gate(endpoint.url, dp_rank, len(input_ids), max_new)
         try:
             result = await self._generate(
                 endpoint, input_ids, sampling_params, rid, dp_rank=dp_rank
@@ -133,17 +160,22 @@ class SGLangClient:
         except RetryableItemError as exc:
             exc.server = endpoint.url
             raise
+        finally:
+            self._leave_gate(entry)
         endpoint.last_ok = time.monotonic()
         return result
 
     async def probe(self, endpoint: Endpoint, input_ids: list[int]) -> bool:
         """Does ``endpoint`` generate at all? One greedy token for ``input_ids``, nothing kept."""
+        entry = await self._through_gate(endpoint.url, None, len(input_ids), 1)
         try:
             await self._generate(
                 endpoint, input_ids, {"max_new_tokens": 1, "temperature": 0.0}, new_rid()
             )
         except (ItemError, ServerError):
             return False
+        finally:
+            self._leave_gate(entry)
         endpoint.last_ok = time.monotonic()
         return True
 
@@ -198,12 +230,21 @@ class SGLangClient:
         fields and all; no token contract: the caller checks what it asked for).
 
         Raises ``ServerUnavailableError`` when the server cannot be reached or answers 5xx,
-        ``ServerError`` when it refuses the request (4xx).
+        ``ServerError`` when it refuses the request (4xx). It passes the gate like any other
+        generation: the canary's traffic is inside ``--concurrency``.
         """
+        params = body.get("sampling_params")
+        max_new = int(params.get("max_new_tokens") or 0) if isinstance(params, dict) else 0
+        rank = body.get("data_parallel_rank")
+        entry = await self._through_gate(
+            url, rank if isinstance(rank, int) else None, len(body["input_ids"]), max_new
+        )
         try:
             response = await self._pools.canary.post(url + "/generate", content=orjson.dumps(body))
         except httpx.HTTPError as exc:
             raise ServerUnavailableError(f"{url}: /generate failed ({exc!r})") from None
+        finally:
+            self._leave_gate(entry)
         return canary_answer(url, response.status_code, response.content, self._api_key_env)
 
     # --- control calls ---------------------------------------------------------------------
