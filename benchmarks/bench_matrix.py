@@ -112,6 +112,8 @@ class Job:
     work: Path
     tokenizer: str
     label: str = ""
+    load: dict[str, str] = field(default_factory=dict)
+    """Extra ``[load]`` settings (``--load``): an experiment, not the matrix's numbers."""
     engines: list[dict[str, float]] = field(default_factory=list)
     outcomes: dict[str, int] = field(default_factory=dict)
     max_in_flight: list[int] = field(default_factory=list)
@@ -152,11 +154,16 @@ shard_size = 1000
 
 [canary]
 enabled = {"true" if self.shape.canary else "false"}
+
+[load]
 """
+            + "".join(f"{key} = {value}\n" for key, value in self.load.items())
         )
 
     def run(self, dataset: Path, configs: list[SimConfig]) -> dict[str, Any]:
         slug = f"{self.shape.name}-{self.scale}-{self.label or self.setting}".replace(" ", "-")
+        while (self.work / f"run-{slug}").exists():  # a point again: a new run, not a resume
+            slug += "+"
         run_dir = self.work / f"run-{slug}"
         config_path = self.work / f"{slug}.toml"
         sims = [SimServerThread(config).start() for config in configs]
@@ -261,7 +268,12 @@ def output_tokens(run_dir: Path) -> tuple[int, int]:
 
 
 def run_shape(
-    shape: Shape, scale: float, work: Path, tokenizer: str, settings: tuple[str, ...] = SETTINGS
+    shape: Shape,
+    scale: float,
+    work: Path,
+    tokenizer: str,
+    settings: tuple[str, ...] = SETTINGS,
+    load: dict[str, str] | None = None,
 ) -> list[dict[str, Any]]:
     dataset = work / f"{shape.name}.jsonl"
     write_dataset(dataset, shape.prompts, shape.words)
@@ -270,7 +282,7 @@ def run_shape(
     print(HEADER, flush=True)
 
     def job(setting: str, label: str = "") -> Job:
-        return Job(shape, scale, setting, work, tokenizer, label=label)
+        return Job(shape, scale, setting, work, tokenizer, label=label, load=load or {})
 
     if shape.slow_second:
         for which, slow in (("fast", False), ("slow", True)):
@@ -309,9 +321,7 @@ def verdict(shape: str, scale: float, results: list[dict[str, Any]]) -> dict[str
     points = [r for r in results if r["shape"] == shape and r["scale"] == scale]
     if shape == "two":
         best = {
-            which: max(
-                (r for r in points if r["setting"].startswith(which)), key=lambda r: r["tok_s"]
-            )
+            which: max((r for r in points if r["setting"].startswith(which)), key=_tok_s)
             for which in ("fast", "slow")
         }
         auto = next(r for r in points if r["setting"] == "auto on both")
@@ -331,7 +341,7 @@ def verdict(shape: str, scale: float, results: list[dict[str, Any]]) -> dict[str
         }
     fixed = [r for r in points if r["setting"] != "auto"]
     auto = next(r for r in points if r["setting"] == "auto")
-    best = max(fixed, key=lambda r: r["tok_s"])
+    best = max(fixed, key=_tok_s)
     widest = next(r for r in fixed if r["setting"] == "fixed 1024")
     return {
         "shape": shape,
@@ -345,6 +355,10 @@ def verdict(shape: str, scale: float, results: list[dict[str, Any]]) -> dict[str
         "kv_usage": auto["kv_usage"],
         "kv_1024": widest["kv_usage"],
     }
+
+
+def _tok_s(point: dict[str, Any]) -> float:
+    return float(point["tok_s"])
 
 
 def summary_row(v: dict[str, Any]) -> str:
@@ -373,6 +387,9 @@ def main() -> None:
     parser.add_argument(
         "--settings", nargs="+", choices=SETTINGS, help="only these (no verdict: an experiment)"
     )
+    parser.add_argument(
+        "--load", action="append", default=[], metavar="KEY=VALUE", help="a [load] setting"
+    )
     parser.add_argument("--results", type=Path, default=RESULTS)
     parser.add_argument("--keep", type=Path, help="run in this folder and keep it")
     args = parser.parse_args()
@@ -400,7 +417,8 @@ def main() -> None:
         scales = args.scales or (shape.scales[:1] if args.quick else shape.scales)
         for scale in scales:
             chosen = tuple(args.settings or SETTINGS)
-            shape_results = run_shape(shape, scale, work_dir, tokenizer, chosen)
+            load = dict(item.split("=", 1) for item in args.load)
+            shape_results = run_shape(shape, scale, work_dir, tokenizer, chosen, load)
             results.extend(shape_results)
             if args.settings is None:
                 verdicts.append(verdict(name, scale, shape_results))

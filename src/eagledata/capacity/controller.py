@@ -135,6 +135,8 @@ class Lane:
     """How long one of our requests lives here, sent to answered (a moving mean)."""
     held_by: dict[str, int] = field(default_factory=dict)
     """Requests held back since the last telemetry line, by the rule that held them."""
+    last_hold: str | None = None
+    """The rule that held the last request this lane refused (None: it admitted it)."""
     rng: np.random.Generator = field(default_factory=lambda: np.random.default_rng(0))
     target: UsageTarget = field(init=False)
 
@@ -275,7 +277,9 @@ class Lane:
         reason = self._holds(candidate, now)
         if isinstance(reason, str):
             self.held_by[reason] = self.held_by.get(reason, 0) + 1
+            self.last_hold = reason
             return None
+        self.last_hold = None
         return reason
 
     def _holds(self, candidate: Ticket, now: float) -> float | str:

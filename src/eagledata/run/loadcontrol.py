@@ -133,6 +133,7 @@ class LoadController:
         """Set when an answer ends while requests wait for room: sample now, not at the poll."""
         self._prompt_sum = 0
         self._prompt_count = 0
+        self._queue_targets_at = 0
         self.latest: dict[str, dict[str, Any]] = {}
         """The last telemetry entry per lane key, for the progress bar."""
 
@@ -211,6 +212,7 @@ class LoadController:
         fill one prefill batch."""
         if not self._prompt_count:
             return
+        self._queue_targets_at = self._prompt_count
         mean = self._prompt_sum / self._prompt_count
         for url, lanes in self.lanes.items():
             facts = self.plans[url].facts
@@ -230,6 +232,9 @@ class LoadController:
 
     async def _sample(self, url: str, now: float) -> None:
         load = await self._read(url)
+        # The sample's time is when its answer came: a request sent while it was read has
+        # most likely reached the server before it answered (and is in its counts).
+        now = time.monotonic()
         lanes = self.lanes[url]
         if self.facts_of is not None:
             facts = self.facts_of(url)
@@ -372,6 +377,8 @@ class LoadController:
     def _dispatch(self) -> None:
         now = time.monotonic()
         self._refresh_curves(now)
+        if self._prompt_count != self._queue_targets_at:
+            self._queue_targets()  # q* from the first prompts on, not from the first poll
         while self._waiters:
             waiter = self._waiters[0]
             if waiter.fut.done():
@@ -396,11 +403,23 @@ class LoadController:
                     if room is not None and (best is None or room > best[0]):
                         best = (room, candidate)
             if best is None:
+                if self.auto and self._held_by_queue(waiter):
+                    # Only a fresh count of the server's queue can open it: sample soon.
+                    self._answer_ended.set()
                 return
             ticket = best[1]
             ticket.lane.tickets[ticket] = None
             self._waiters.popleft()
             waiter.fut.set_result(ticket)
+
+    def _held_by_queue(self, waiter: Waiter) -> bool:
+        """Did a queue rule (not the KV forecast) hold this waiter on every lane it may use?"""
+        lanes = (
+            [waiter.lane]
+            if waiter.lane is not None
+            else [lane for lanes in self.lanes.values() for lane in lanes]
+        )
+        return any(lane.last_hold in ("queue", "queue_cap") for lane in lanes)
 
     def release(
         self,

@@ -225,12 +225,18 @@ class LoopEngine:
             self._wake_waiter(item)
         self._merge_prefilled(rank)
         seconds = self._prefill(rank, config)
-        if seconds is None and rank.running:
+        if seconds is None and (rank.running or rank.finished_unfiltered):
             seconds = self._decode(rank, config, now)
         if seconds is None:
-            # No batch: self_check_during_idle re-inits the ratio; the loop waits for work.
+            # No batch: self_check_during_idle re-inits the ratio. The loop spins on while a
+            # prefill may form (the batch that just emptied no longer blocks it), else it
+            # waits for work.
             rank.ratio = ratio_bounds(config)[0]
-            rank.due, rank.idle_since = None, loop.time()
+            rank.due = None
+            if (rank.waiting and not rank.batch_is_full) or rank.chunked is not None:
+                rank.timer = loop.call_soon(self._tick, rank, config)  # type: ignore[assignment]
+            else:
+                rank.idle_since = loop.time()
             return
         pool = config.max_total_num_tokens
         rank.usage_area += rank.used / pool * seconds
@@ -353,10 +359,12 @@ class LoopEngine:
 
     # --- update_running_batch, then one decode forward ------------------------------------------
 
-    def _decode(self, rank: LoopRank, config: SimConfig, now: float) -> float:
+    def _decode(self, rank: LoopRank, config: SimConfig, now: float) -> float | None:
         if rank.finished_unfiltered:  # filter_batch: a smaller batch may admit again
             rank.finished_unfiltered = False
             rank.batch_is_full = False
+        if not rank.running:
+            return None  # it emptied: no forward this iteration
         _, floor, decay = ratio_bounds(config)
         if config.max_total_num_tokens - rank.used < len(rank.running):
             self._retract(rank, config)
