@@ -251,20 +251,27 @@ def test_a_retracted_request_waiting_in_the_queue_is_one_retraction() -> None:
 
 
 def test_the_gate_never_fills_the_queue_cap_the_server_reports() -> None:
-    """``max_queued_requests`` from /server_info: the sample's queue plus everything sent since
-    (no credit for answers that ended: an upper bound) stays below it, whatever the depth rule
-    and the forecast say, so our own traffic can get no 503."""
-    gate = lane(queue_target=100, queue_limit=5)
+    """``max_queued_requests`` from /server_info: our requests in flight less those the last
+    sample counted running (a request still on its way counts as queued, and no answer that
+    ends is credited: an upper bound) stay below it, whatever the depth rule and the forecast
+    say, so our own traffic can get no 503."""
+    gate = lane(queue_target=100, queue_limit=6)  # one slot spare: for a retracted request
     lengths = kaplan_meier([50] * 20, [], cap=4096)
-    gate.observe(LaneSample(time=0.0, waiting=3, running=1, used_tokens=300), 0.0)
+    for sent in range(4):
+        gate.tickets[Ticket(gate, 100, 150, 0.1 * sent, lengths)] = None
+    # Read while four were in flight: one running, two queued, one not yet arrived.
+    gate.observe(LaneSample(time=1.0, waiting=2, running=1, ours_at_ask=4), 1.0)
+    assert gate.queued_at_most() == 3
     admitted = 0
     while gate.room(ticket := Ticket(gate, 100, 150, 1.0, lengths), 1.0) is not None:
         gate.tickets[ticket] = None
         admitted += 1
-    assert admitted == 2 and gate.held_by == {"queue_cap": 1}  # 3 + 2 = 5: full
-    gate.ended(next(iter(gate.tickets)), 1.5, 150, data=True)  # an answer ends: no credit
+    assert admitted == 2 and gate.held_by == {"queue_cap": 1}  # 3 + 2 = 5: full but one
+    oldest = min(gate.tickets, key=lambda t: t.sent_at)
+    gate.tickets.pop(oldest)
+    gate.ended(oldest, 1.5, 150, data=True)  # the running one ends: no credit for the queue
     assert gate.room(Ticket(gate, 100, 150, 1.5, lengths), 1.5) is None
-    gate.observe(LaneSample(time=2.0, waiting=1, running=6, used_tokens=800), 2.0)
+    gate.observe(LaneSample(time=2.0, waiting=1, running=4, ours_at_ask=5, ended_at_ask=1), 2.0)
     assert gate.room(Ticket(gate, 100, 150, 2.0, lengths), 2.0) is not None  # the queue moved
 
 

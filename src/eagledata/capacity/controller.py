@@ -79,6 +79,9 @@ class Ticket:
     draws: Floats | None = None
     """Its uniforms for the sampled futures (``capacity/forecast.py``), drawn on first use and
     kept for its life."""
+    gone: bool = False
+    """The last sample says the server no longer holds it: it ended there, and its answer has
+    not reached us yet (a busy client). The forecast gives it no KV."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +100,19 @@ class LaneSample:
     max_running: int | None = None
     spec_accept_length: float | None = None
     """Speculative tokens per verify step (telemetry only; the controller does not read it)."""
+    asked: float | None = None
+    """When the read began (``time`` is when its answer came): a request sent between the two
+    may or may not be in its counts, so the queue's bound counts it as sent after."""
+
+    ours_at_ask: int | None = None
+    """Our requests in flight on the lane when the read began."""
+    ended_at_ask: int = 0
+    """The lane's ``ended_total`` when the read began."""
+
+    @property
+    def since(self) -> float:
+        """Requests sent after this are not in the sample's queue count, for the bound."""
+        return self.time if self.asked is None else self.asked
 
 
 @dataclass(eq=False)
@@ -125,8 +141,8 @@ class Lane:
     decode_rate: float = 10.0
     age_scale: float = 1.0
     rejections: int = 0
-    ended_since_sample: int = 0
-    """Requests that ended with an answer since the last sample."""
+    ended_total: int = 0
+    """Requests that ended with an answer, ever (a sample keeps the count it was read at)."""
     freed_since_sample: float = 0.0
     """KV the sample counted that the requests ending since have freed."""
     foreign_tokens: float = 0.0
@@ -161,16 +177,51 @@ class Lane:
             start = ticket.sent_at  # no queue to wait in (or a server that does not count it)
         return int(max(0.0, now - start) * self.decode_rate * self.age_scale)
 
-    def mark_started(self, sample: LaneSample, previous: LaneSample | None) -> None:
+    def mark_gone(self, sample: LaneSample, now: float) -> int:
+        """Ours the server no longer counts (neither running nor waiting) are on their way, to
+        it (the newest) or back from it (an answer the client has not read yet: the oldest).
+        Of the oldest, those past the length 90% of answers stay under are taken as ended: a
+        client that reads its answers late must not see their KV as the server's. Returns how
+        many of ours the server did not count and are not taken as ended (still to arrive)."""
+        for ticket in self.tickets:
+            ticket.gone = False
+        if sample.running is None or sample.waiting is None or sample.ours_at_ask is None:
+            return 0
+        # Those that ended while the sample was read were not counted either: gone already.
+        ended = self.ended_total - sample.ended_at_ask
+        missing = sample.ours_at_ask - sample.running - sample.waiting - ended
+        if missing <= 0:
+            return 0
+        oldest = sorted((t for t in self.tickets if t.sent_at <= sample.since), key=_sent_at)
+        for ticket in oldest:
+            if missing <= 0:
+                break
+            longest = ticket.projected - ticket.prompt_tokens
+            most = int((sample.time - ticket.sent_at) * self.decode_rate * self.age_scale)
+            if most < longest:
+                break  # younger than an answer of its length: not ended yet
+            ticket.gone = True
+            missing -= 1
+        return missing
+
+    def mark_started(
+        self, sample: LaneSample, previous: LaneSample | None, arriving: int = 0
+    ) -> None:
         """Which of our requests the server has admitted: all but the newest ``waiting`` (its
-        queue is first come first served). One sent while the server had no queue started
-        when it was sent; one admitted out of a queue since the last sample started, on
-        average, halfway between the two (or between its sending and this sample)."""
+        queue is first come first served), and the ``arriving`` (not on the server yet). One
+        sent while the server had no queue started when it was sent; one admitted out of a
+        queue since the last sample started, on average, halfway between the two (or between
+        its sending and this sample)."""
         if sample.waiting is None:
             return
         no_queue = previous is None or not previous.waiting
-        sent = sorted((t for t in self.tickets if t.sent_at <= sample.time), key=_sent_at)
-        for ticket in sent[: max(0, len(sent) - sample.waiting)]:
+        # Judged by this sample: what was sent before it was asked for (what was sent while
+        # it was read may or may not be in its counts; the next sample tells).
+        sent = sorted(
+            (t for t in self.tickets if t.sent_at <= sample.since and not t.gone), key=_sent_at
+        )
+        waiting = sample.waiting + arriving
+        for ticket in sent[: max(0, len(sent) - waiting)]:
             if ticket.started_at is None:
                 if no_queue:
                     ticket.started_at = ticket.sent_at
@@ -185,7 +236,7 @@ class Lane:
         if sample.used_tokens is None:
             return
         self.age_scale, scale = 1.0, self.age_scale
-        running = [t for t in self.tickets if t.sent_at <= sample.time]
+        running = [t for t in self.tickets if t.sent_at <= sample.since and not t.gone]
         if sample.waiting is not None:
             running = [t for t in running if t.started_at is not None]
         raw = sum(self.age(t, sample.time) for t in running)
@@ -199,6 +250,8 @@ class Lane:
         """A request as the forecast sees it now."""
         if ticket.draws is None:
             ticket.draws = new_draws(self.rng)
+        if ticket.gone:
+            return Flight(held=0, age=0, end=0, curve=None, draws=ticket.draws)
         age = self.age(ticket, now)
         return Flight(
             held=ticket.prompt_tokens + age,
@@ -219,7 +272,8 @@ class Lane:
         ours = sum(
             t.prompt_tokens + self.age(t, sample.time)
             for t in self.tickets
-            if t.sent_at <= sample.time and (sample.waiting is None or t.started_at is not None)
+            # everything of ours the sample may have counted: what is left is no one's we know
+            if t.sent_at <= sample.time and not t.gone
         )
         self.foreign_tokens = max(0.0, sample.used_tokens - ours)
 
@@ -244,25 +298,41 @@ class Lane:
         sample = self.sample
         if sample is None or sample.used_tokens is None or self.pool_tokens is None:
             return None
-        recent = sum(t.prompt_tokens for t in self.tickets if t.sent_at > sample.time)
+        recent = sum(t.prompt_tokens for t in self.tickets if t.sent_at > sample.since)
         used = max(0.0, sample.used_tokens - self.freed_since_sample)
         return used + recent + prompt_tokens
 
     def queued_at_most(self) -> int:
-        """An upper bound on the server's queue: what the last sample saw plus everything we
-        sent since (a request that ends is no proof that the server took another)."""
+        """An upper bound on our requests in the server's queue, from what the client knows:
+        those in flight now, less those the last sample counted running that have not ended
+        since (a request that ended was taken; a running one is not queued). A request on its
+        way when the sample was read, not yet counted by the server, counts as queued, and so
+        does everything sent since. Nothing is credited for an answer that ends: it is no
+        proof that the server took another."""
+        sample = self.sample
+        if sample is None or sample.running is None or sample.ours_at_ask is None:
+            return self._queued_by_waiting()
+        running = min(sample.running, sample.ours_at_ask) - (self.ended_total - sample.ended_at_ask)
+        return max(0, len(self.tickets) - max(0, running))
+
+    def _queued_by_waiting(self) -> int:
+        """The bound from a sample's queue count alone (a sample without our counts)."""
         if self.sample is None:
             return sum(1 for ticket in self.tickets if ticket.started_at is None)
-        recent = sum(1 for ticket in self.tickets if ticket.sent_at > self.sample.time)
+        since = self.sample.since
+        recent = sum(1 for ticket in self.tickets if ticket.sent_at > since)
         return (self.sample.waiting or 0) + recent
 
     def queued_estimate(self) -> int:
-        """The server's queue as the client knows it: the sample's, plus what was sent since,
-        less what ended since (the server takes the next queued request into the room an
-        answer leaves). Not bound to the poll: each answer that ends admits one."""
-        if self.sample is None:
+        """Our requests in the server's queue, as the client knows it: those in flight now
+        less those the last sample counted running. Each answer that ends takes one off (the
+        server takes the next queued request into the room it leaves): not bound to the poll."""
+        sample = self.sample
+        if sample is None:
             return 0
-        return max(0, self.queued_at_most() - self.ended_since_sample)
+        if sample.running is None or sample.ours_at_ask is None:
+            return self._queued_by_waiting()
+        return max(0, len(self.tickets) - min(sample.running, sample.ours_at_ask))
 
     def queue_cap(self) -> int | None:
         """The queue the gate never reaches: the server's ``max_queued_requests``, or one a
@@ -270,6 +340,11 @@ class Lane:
         if self.queue_limit is not None:
             return self.queue_limit
         return self.learned_limit
+
+    def queue_spare(self, cap: int) -> int:
+        """Queue slots the gate leaves free under a cap: SGLang puts a request it retracts back
+        in its queue, and aborts it with 503 (its output lost) if the queue is full."""
+        return max(1, cap // 16) if cap > 1 else 0
 
     def room(self, candidate: Ticket, now: float) -> float | None:
         """Free projected KV if this request were admitted (>= 0), or None: not now (the
@@ -292,10 +367,12 @@ class Lane:
         if self.max_running is not None and self.in_flight >= self.max_running + self.queue_target:
             return "max_running"
         cap = self.queue_cap()
-        if cap is not None and self.queued_at_most() >= cap:
+        if cap is not None and self.queued_at_most() >= cap - self.queue_spare(cap):
             return "queue_cap"
         queued = self.queued_estimate()
-        if queued >= self.queue_target:
+        # The depth rule holds only behind a queue the server showed: one that admits all it
+        # gets (its queue empty at the last sample) is not to be fed at q* per sample.
+        if self.sample is not None and self.sample.waiting and queued >= self.queue_target:
             return "queue"
         sample = self.sample
         if (
@@ -331,10 +408,10 @@ class Lane:
         if sample.running and sample.gen_throughput:
             rate = sample.gen_throughput / sample.running
             self.decode_rate = 0.7 * self.decode_rate + 0.3 * rate
-        self.mark_started(sample, previous)
+        arriving = self.mark_gone(sample, now)
+        self.mark_started(sample, previous, arriving)
         self.calibrate(sample)
         self.explain(sample)
-        self.ended_since_sample = 0
         self.freed_since_sample = 0.0
         usage = sample.token_usage
         if usage is None and sample.used_tokens is not None and self.pool_tokens:
@@ -390,9 +467,14 @@ class Lane:
         """A request of this lane ended with an answer, holding ``held`` KV tokens at its end:
         the server took it out of its pool (and the next request out of its queue). ``data``:
         one of the run's own (its lifetime paces the usage target)."""
-        self.ended_since_sample += 1
+        self.ended_total += 1
         sample = self.sample
-        if sample is not None and ticket.sent_at <= sample.time and held is not None:
+        if (
+            sample is not None
+            and ticket.sent_at <= sample.since
+            and not ticket.gone  # the sample did not count it
+            and held is not None
+        ):
             self.freed_since_sample += held
         if data:
             life = now - ticket.sent_at

@@ -231,6 +231,8 @@ class LoadController:
         return merge_workers(known) if len(known) == len(loads) else None
 
     async def _sample(self, url: str, now: float) -> None:
+        asked = time.monotonic()
+        counts = {id(lane): (len(lane.tickets), lane.ended_total) for lane in self.lanes[url]}
         load = await self._read(url)
         # The sample's time is when its answer came: a request sent while it was read has
         # most likely reached the server before it answered (and is in its counts).
@@ -267,6 +269,9 @@ class LoadController:
                 retracted_waiting=rank.retracted_waiting,
                 max_running=rank.max_running,
                 spec_accept_length=rank.spec_accept_length,
+                asked=asked,
+                ours_at_ask=counts[id(lane)][0],
+                ended_at_ask=counts[id(lane)][1],
             )
             if lane.observe(sample, now) and self.auto:
                 self.note_once(
