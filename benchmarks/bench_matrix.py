@@ -31,7 +31,7 @@ first admission: the drain, which no setting can fill, is left out), retractions
 refused arrival, or a retracted request refused by a full queue), and the most requests the
 server held at once (``max in flight``: what the client had there, canary included).
 
-    python benchmarks/bench_matrix.py                 # every shape at both scales (~40 min)
+    python benchmarks/bench_matrix.py           # every shape at both scales (~47 min, 2 cores)
     python benchmarks/bench_matrix.py --quick         # fast, queue-cap, two at one scale
     python benchmarks/bench_matrix.py --shapes fast --scales 0.1
 
