@@ -27,10 +27,21 @@ The gate, per lane (one DP rank of one server, or a router's workers together):
   within ``u* x pool``. The pool's measured use plus what was sent since must stay within it
   too.
 * The server's queue is kept just deep enough to fill its next prefill batch:
-  ``q* = max(2, ceil(chunked_prefill_size / mean prompt))``, halved on a 503.
+  ``q* = max(2, ceil(chunked_prefill_size / mean prompt))``, counted from what the client knows
+  rather than from the last sample alone: the queue the sample saw, plus what was sent since,
+  less what ended since (each answer that ends lets the server take the next request from its
+  queue). So a slow poll does not make a slow admission: every answer that ends admits one.
+* The server's own queue cap (``max_queued_requests`` from ``/server_info``) is never reached:
+  the queue the sample saw plus everything sent since (nothing credited: an upper bound) stays
+  below it, so our traffic gets no 503 by construction. A server that reports no cap but
+  answers 503 teaches one (the bound at the 503), which relaxes by one a ceiling period later.
 * At a measured usage above 0.97 with a queue, admissions pause (a retraction is imminent).
 * ``u*`` itself (start 0.85, in [0.60, 0.95]) moves by AIMD on the server's retractions, under
-  a ceiling learned from them (``capacity/usage_target.py``).
+  a ceiling learned from them (``capacity/usage_target.py``), at a pace set by how long a
+  request lives on this server: on a fast one its periods shrink with the answers' lifetime.
+* The measured use is a sample's: between samples, the KV of the requests that ended since is
+  taken off it, and the load our requests do not explain is the sample's, not the sample's
+  less what is in flight now (which would count every answer that ended since as a stranger's).
 * No signal at all: the planner's number (``fallback_concurrency``), in-flight requests only.
 
 In steady state this converges near ``W* = u* C / E_held`` running requests, where ``E_held =
@@ -68,6 +79,9 @@ class Ticket:
     draws: Floats | None = None
     """Its uniforms for the sampled futures (``capacity/forecast.py``), drawn on first use and
     kept for its life."""
+    gone: bool = False
+    """The last sample says the server no longer holds it: it ended there, and its answer has
+    not reached us yet (a busy client). The forecast gives it no KV."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +100,19 @@ class LaneSample:
     max_running: int | None = None
     spec_accept_length: float | None = None
     """Speculative tokens per verify step (telemetry only; the controller does not read it)."""
+    asked: float | None = None
+    """When the read began (``time`` is when its answer came): a request sent between the two
+    may or may not be in its counts, so the queue's bound counts it as sent after."""
+
+    ours_at_ask: int | None = None
+    """Our requests in flight on the lane when the read began."""
+    ended_at_ask: int = 0
+    """The lane's ``ended_total`` when the read began."""
+
+    @property
+    def since(self) -> float:
+        """Requests sent after this are not in the sample's queue count, for the bound."""
+        return self.time if self.asked is None else self.asked
 
 
 @dataclass(eq=False)
@@ -103,14 +130,29 @@ class Lane:
     usage_target: InitVar[float] = 0.85
     """The initial ``u*``; the lane's ``target`` moves it (``capacity/usage_target.py``)."""
     queue_target: int = 2
-    queue_cap: int = 2
+    """``q*``: the server queue the gate keeps (``initial_queue_target``)."""
+    queue_limit: int | None = None
+    """The server's ``max_queued_requests`` (per DP rank): the queue never reaches it."""
+    learned_limit: int | None = None
+    """A queue cap learned from a 503, when the server reports none."""
+    learned_at: float = 0.0
     tickets: dict[Ticket, None] = field(default_factory=dict)
     sample: LaneSample | None = None
     decode_rate: float = 10.0
     age_scale: float = 1.0
     rejections: int = 0
+    ended_total: int = 0
+    """Requests that ended with an answer, ever (a sample keeps the count it was read at)."""
+    freed_since_sample: float = 0.0
+    """KV the sample counted that the requests ending since have freed."""
+    foreign_tokens: float = 0.0
+    """KV the last sample showed that our requests did not account for, then."""
+    lifetime_s: float | None = None
+    """How long one of our requests lives here, sent to answered (a moving mean)."""
     held_by: dict[str, int] = field(default_factory=dict)
     """Requests held back since the last telemetry line, by the rule that held them."""
+    last_hold: str | None = None
+    """The rule that held the last request this lane refused (None: it admitted it)."""
     rng: np.random.Generator = field(default_factory=lambda: np.random.default_rng(0))
     target: UsageTarget = field(init=False)
 
@@ -129,20 +171,61 @@ class Lane:
         measured (``calibrate``). One still queued, as far as the samples tell, has none."""
         start = ticket.started_at
         if start is None:
-            if self.sample is not None and self.sample.waiting is not None:
-                return 0
-            start = ticket.sent_at  # a server that does not count its queue
+            sample = self.sample
+            if sample is not None and sample.waiting:
+                return 0  # behind a queue the server had: not started yet, as far as we know
+            start = ticket.sent_at  # no queue to wait in (or a server that does not count it)
         return int(max(0.0, now - start) * self.decode_rate * self.age_scale)
 
-    def mark_started(self, sample: LaneSample, previous: LaneSample | None) -> None:
+    def mark_gone(self, sample: LaneSample, now: float) -> int:
+        """Ours the server no longer counts (neither running nor waiting) are on their way, to
+        it (the newest) or back from it (an answer the client has not read yet: the oldest).
+        Of the oldest, those past the length 90% of answers stay under are taken as ended: a
+        client that reads its answers late must not see their KV as the server's. Returns how
+        many of ours the server did not count and are not taken as ended (still to arrive)."""
+        for ticket in self.tickets:
+            ticket.gone = False
+        if sample.running is None or sample.waiting is None or sample.ours_at_ask is None:
+            return 0
+        # Those that ended while the sample was read were not counted either: gone already.
+        ended = self.ended_total - sample.ended_at_ask
+        missing = sample.ours_at_ask - sample.running - sample.waiting - ended
+        if missing <= 0:
+            return 0
+        oldest = sorted((t for t in self.tickets if t.sent_at <= sample.since), key=_sent_at)
+        for ticket in oldest:
+            if missing <= 0:
+                break
+            longest = ticket.projected - ticket.prompt_tokens
+            most = int((sample.time - ticket.sent_at) * self.decode_rate * self.age_scale)
+            if most < longest:
+                break  # younger than an answer of its length: not ended yet
+            ticket.gone = True
+            missing -= 1
+        return missing
+
+    def mark_started(
+        self, sample: LaneSample, previous: LaneSample | None, arriving: int = 0
+    ) -> None:
         """Which of our requests the server has admitted: all but the newest ``waiting`` (its
-        queue is first come first served). One admitted since the last sample started, on
-        average, halfway between the two (or between its sending and this sample)."""
+        queue is first come first served), and the ``arriving`` (not on the server yet). One
+        sent while the server had no queue started when it was sent; one admitted out of a
+        queue since the last sample started, on average, halfway between the two (or between
+        its sending and this sample)."""
         if sample.waiting is None:
             return
-        sent = sorted((t for t in self.tickets if t.sent_at <= sample.time), key=_sent_at)
-        for ticket in sent[: max(0, len(sent) - sample.waiting)]:
+        no_queue = previous is None or not previous.waiting
+        # Judged by this sample: what was sent before it was asked for (what was sent while
+        # it was read may or may not be in its counts; the next sample tells).
+        sent = sorted(
+            (t for t in self.tickets if t.sent_at <= sample.since and not t.gone), key=_sent_at
+        )
+        waiting = sample.waiting + arriving
+        for ticket in sent[: max(0, len(sent) - waiting)]:
             if ticket.started_at is None:
+                if no_queue:
+                    ticket.started_at = ticket.sent_at
+                    continue
                 since = ticket.sent_at if previous is None else max(ticket.sent_at, previous.time)
                 ticket.started_at = (since + sample.time) / 2
 
@@ -153,7 +236,7 @@ class Lane:
         if sample.used_tokens is None:
             return
         self.age_scale, scale = 1.0, self.age_scale
-        running = [t for t in self.tickets if t.sent_at <= sample.time]
+        running = [t for t in self.tickets if t.sent_at <= sample.since and not t.gone]
         if sample.waiting is not None:
             running = [t for t in running if t.started_at is not None]
         raw = sum(self.age(t, sample.time) for t in running)
@@ -167,6 +250,8 @@ class Lane:
         """A request as the forecast sees it now."""
         if ticket.draws is None:
             ticket.draws = new_draws(self.rng)
+        if ticket.gone:
+            return Flight(held=0, age=0, end=0, curve=None, draws=ticket.draws)
         age = self.age(ticket, now)
         return Flight(
             held=ticket.prompt_tokens + age,
@@ -176,22 +261,29 @@ class Lane:
             draws=ticket.draws,
         )
 
-    def unexplained(self, ours: float) -> float:
-        """KV the server reports that our requests in flight (holding ``ours``) do not account
-        for (another client's, or growth we underestimate): it stays in every forecast."""
-        sample = self.sample
-        if sample is None or sample.used_tokens is None:
-            return 0.0
-        return max(0.0, sample.used_tokens - ours)
+    def explain(self, sample: LaneSample) -> None:
+        """The KV the sample shows that our requests running then do not account for (another
+        client's, or growth we underestimate): it stays in every forecast until the next
+        sample. Measured at the sample's time, against what ran then: our requests that end
+        later free their own KV, not a stranger's."""
+        if sample.used_tokens is None:
+            self.foreign_tokens = 0.0
+            return
+        ours = sum(
+            t.prompt_tokens + self.age(t, sample.time)
+            for t in self.tickets
+            # everything of ours the sample may have counted: what is left is no one's we know
+            if t.sent_at <= sample.time and not t.gone
+        )
+        self.foreign_tokens = max(0.0, sample.used_tokens - ours)
 
     def peak(self, now: float, extra: Ticket | None = None) -> float:
         """The highest KV what is in flight (and ``extra``, admitted now) will hold before it
         ends, at the ``overflow_quantile`` of the sampled futures, plus the unexplained load."""
         flights = [self.flight(ticket, now) for ticket in self.tickets]
-        ours = sum(flight.held for flight in flights)
         if extra is not None:
             flights.append(self.flight(extra, now))
-        return self.unexplained(ours) + peak_quantile(flights, self.settings.overflow_quantile)
+        return self.foreign_tokens + peak_quantile(flights, self.settings.overflow_quantile)
 
     def budget(self) -> float | None:
         """The KV the lane may hold: the target share of the pool."""
@@ -200,20 +292,59 @@ class Lane:
         return self.target.value * self.pool_tokens
 
     def present(self, prompt_tokens: int) -> float | None:
-        """The pool's measured use now plus what we sent since it was measured, plus this
-        prompt: it must stay within the target share whatever the forecast says."""
+        """The pool's measured use, less what the requests that ended since freed, plus what
+        we sent since it was measured, plus this prompt: it must stay within the target share
+        whatever the forecast says."""
         sample = self.sample
         if sample is None or sample.used_tokens is None or self.pool_tokens is None:
             return None
-        recent = sum(t.prompt_tokens for t in self.tickets if t.sent_at > sample.time)
-        return sample.used_tokens + recent + prompt_tokens
+        recent = sum(t.prompt_tokens for t in self.tickets if t.sent_at > sample.since)
+        used = max(0.0, sample.used_tokens - self.freed_since_sample)
+        return used + recent + prompt_tokens
+
+    def queued_at_most(self) -> int:
+        """An upper bound on our requests in the server's queue, from what the client knows:
+        those in flight now, less those the last sample counted running that have not ended
+        since (a request that ended was taken; a running one is not queued). A request on its
+        way when the sample was read, not yet counted by the server, counts as queued, and so
+        does everything sent since. Nothing is credited for an answer that ends: it is no
+        proof that the server took another."""
+        sample = self.sample
+        if sample is None or sample.running is None or sample.ours_at_ask is None:
+            return self._queued_by_waiting()
+        running = min(sample.running, sample.ours_at_ask) - (self.ended_total - sample.ended_at_ask)
+        return max(0, len(self.tickets) - max(0, running))
+
+    def _queued_by_waiting(self) -> int:
+        """The bound from a sample's queue count alone (a sample without our counts)."""
+        if self.sample is None:
+            return sum(1 for ticket in self.tickets if ticket.started_at is None)
+        since = self.sample.since
+        recent = sum(1 for ticket in self.tickets if ticket.sent_at > since)
+        return (self.sample.waiting or 0) + recent
 
     def queued_estimate(self) -> int:
-        """The server's queue as we last saw it, plus what we sent since (it may be queued)."""
-        if self.sample is None:
+        """Our requests in the server's queue, as the client knows it: those in flight now
+        less those the last sample counted running. Each answer that ends takes one off (the
+        server takes the next queued request into the room it leaves): not bound to the poll."""
+        sample = self.sample
+        if sample is None:
             return 0
-        recent = sum(1 for ticket in self.tickets if ticket.sent_at > self.sample.time)
-        return (self.sample.waiting or 0) + recent
+        if sample.running is None or sample.ours_at_ask is None:
+            return self._queued_by_waiting()
+        return max(0, len(self.tickets) - min(sample.running, sample.ours_at_ask))
+
+    def queue_cap(self) -> int | None:
+        """The queue the gate never reaches: the server's ``max_queued_requests``, or one a
+        503 taught."""
+        if self.queue_limit is not None:
+            return self.queue_limit
+        return self.learned_limit
+
+    def queue_spare(self, cap: int) -> int:
+        """Queue slots the gate leaves free under a cap: SGLang puts a request it retracts back
+        in its queue, and aborts it with 503 (its output lost) if the queue is full."""
+        return max(1, cap // 16) if cap > 1 else 0
 
     def room(self, candidate: Ticket, now: float) -> float | None:
         """Free projected KV if this request were admitted (>= 0), or None: not now (the
@@ -221,7 +352,9 @@ class Lane:
         reason = self._holds(candidate, now)
         if isinstance(reason, str):
             self.held_by[reason] = self.held_by.get(reason, 0) + 1
+            self.last_hold = reason
             return None
+        self.last_hold = None
         return reason
 
     def _holds(self, candidate: Ticket, now: float) -> float | str:
@@ -233,8 +366,13 @@ class Lane:
             return "no_pool"
         if self.max_running is not None and self.in_flight >= self.max_running + self.queue_target:
             return "max_running"
+        cap = self.queue_cap()
+        if cap is not None and self.queued_at_most() >= cap - self.queue_spare(cap):
+            return "queue_cap"
         queued = self.queued_estimate()
-        if queued >= self.queue_target:
+        # The depth rule holds only behind a queue the server showed: one that admits all it
+        # gets (its queue empty at the last sample) is not to be fed at q* per sample.
+        if self.sample is not None and self.sample.waiting and queued >= self.queue_target:
             return "queue"
         sample = self.sample
         if (
@@ -270,8 +408,11 @@ class Lane:
         if sample.running and sample.gen_throughput:
             rate = sample.gen_throughput / sample.running
             self.decode_rate = 0.7 * self.decode_rate + 0.3 * rate
-        self.mark_started(sample, previous)
+        arriving = self.mark_gone(sample, now)
+        self.mark_started(sample, previous, arriving)
         self.calibrate(sample)
+        self.explain(sample)
+        self.freed_since_sample = 0.0
         usage = sample.token_usage
         if usage is None and sample.used_tokens is not None and self.pool_tokens:
             usage = sample.used_tokens / self.pool_tokens
@@ -301,16 +442,47 @@ class Lane:
             sample.retracted_total is not None or sample.retracted_waiting is not None
         )
 
-    def queue_full(self) -> None:
-        """A 503: the server's queue is at its cap; keep a shallower one."""
+    def queue_full(self, now: float, bound: int) -> None:
+        """A 503: the server's queue was at its cap. One it reports is never reached (our
+        traffic cannot have done it: another client's did); without one, the queue we may
+        have had at most (``bound``, the refused request counted) was at least its cap: the
+        gate keeps below that from now on, not one slot for good."""
         self.rejections += 1
-        self.queue_target = max(1, self.queue_target // 2)
+        if self.queue_limit is None:
+            learned = max(1, bound - 1)
+            self.learned_limit = min(self.learned_limit or learned, learned)
+            self.learned_at = now
 
     def maybe_creep(self, now: float) -> None:
-        """A creep period of the target (``UsageTarget.period``) also gives back a queue slot
-        that a 503 took."""
-        if self.target.period(now):
-            self.queue_target = min(self.queue_cap, self.queue_target + 1)
+        """A creep period of the target (``UsageTarget.period``); a ceiling period without a
+        503 relaxes a learned queue cap by one (the cap that refused may have been a burst of
+        another client's)."""
+        self.target.period(now)
+        hold = self.settings.ceiling_hold_s * self.target.pace
+        if self.learned_limit is not None and now - self.learned_at >= hold:
+            self.learned_limit += 1
+            self.learned_at = now
+
+    def ended(self, ticket: Ticket, now: float, held: int | None, *, data: bool) -> None:
+        """A request of this lane ended with an answer, holding ``held`` KV tokens at its end:
+        the server took it out of its pool (and the next request out of its queue). ``data``:
+        one of the run's own (its lifetime paces the usage target)."""
+        self.ended_total += 1
+        sample = self.sample
+        if (
+            sample is not None
+            and ticket.sent_at <= sample.since
+            and not ticket.gone  # the sample did not count it
+            and held is not None
+        ):
+            self.freed_since_sample += held
+        if data:
+            life = now - ticket.sent_at
+            if life > 0:
+                self.lifetime_s = (
+                    life if self.lifetime_s is None else (0.9 * self.lifetime_s + 0.1 * life)
+                )
+                self.target.pace_by(self.lifetime_s)
 
     def learn_rate(self, completion_tokens: int, seconds: float) -> None:
         """A finished request's tokens over its time (queue wait included: an underestimate,

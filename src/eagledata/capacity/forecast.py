@@ -33,8 +33,18 @@ import numpy.typing as npt
 from eagledata.capacity.lengths import SurvivalCurve
 
 FUTURES = 256
-"""Sampled futures per decision: the 90th percentile of 256 draws is within ~2 points of the
-true one, at ~0.1 ms per decision for 50 requests."""
+"""Sampled futures per decision (each request keeps this many uniforms): the 90th percentile of
+256 draws is within ~2 points of the true one."""
+FLIGHT_FUTURES = 6144
+"""Flights x futures one decision draws at most: past 24 requests in flight the futures are
+fewer (64 at least). The peak of many requests spreads less (a sum of many lengths), so fewer
+futures place its 90th percentile as well, and a decision costs the same at 300 requests in
+flight as at 24 (a client beside a fast server decides dozens of times a second)."""
+
+
+def futures_for(flights: int) -> int:
+    return max(64, min(FUTURES, FLIGHT_FUTURES // max(1, flights)))
+
 
 Floats = npt.NDArray[np.float64]
 
@@ -54,10 +64,11 @@ class Flight:
     """Its ``FUTURES`` uniforms in (0, 1)."""
 
 
-def remaining(flights: Sequence[Flight]) -> Floats:
-    """Tokens each flight still generates, in each future (futures x flights). The flights of
-    one curve (one prompt-length bucket) are drawn together: one search for all of them."""
-    left = np.empty((FUTURES, len(flights)))
+def remaining(flights: Sequence[Flight], futures: int = FUTURES) -> Floats:
+    """Tokens each flight still generates, in each of the first ``futures`` futures (futures x
+    flights). The flights of one curve (one prompt-length bucket) are drawn together: one
+    search for all of them."""
+    left = np.empty((futures, len(flights)))
     by_curve: dict[int, tuple[SurvivalCurve, list[int]]] = {}
     for column, flight in enumerate(flights):
         if flight.curve is None:
@@ -69,7 +80,7 @@ def remaining(flights: Sequence[Flight]) -> Floats:
             by_curve.setdefault(id(flight.curve), (flight.curve, []))[1].append(column)
     for curve, columns in by_curve.values():
         ages = np.asarray([flights[column].age for column in columns], dtype=np.float64)
-        draws = np.stack([flights[column].draws for column in columns])
+        draws = np.stack([flights[column].draws[:futures] for column in columns])
         left[:, columns] = curve_remaining_many(curve, ages, draws).T
     return left
 
@@ -79,15 +90,16 @@ def curve_remaining_many(curve: SurvivalCurve, ages: Floats, draws: Floats) -> F
     an answer ends at the first length ``t > age`` where ``S(t) <= u S(age)``, or at ``cap``
     (``max_new_tokens``) if none does."""
     cap = float(curve.cap)
-    times = np.asarray(curve.times, dtype=np.float64)
-    surviving = np.asarray(curve.surviving, dtype=np.float64)
+    times, surviving, first_at_most, ends_at = _arrays(curve)
     after = np.searchsorted(times, ages, side="right")  # the first length past each age
     alive_now = np.where(after > 0, surviving[np.maximum(after - 1, 0)], 1.0)
     # ``surviving`` falls with ``times``, so the lengths where it is at most a threshold are a
-    # suffix; negated it rises, as searchsorted wants. Below ``after`` it is above every
-    # threshold (u < 1), so the first of them is past the age.
-    first = np.searchsorted(-surviving, -draws * alive_now[:, None], side="left")
-    ends = np.append(times, cap)[np.maximum(first, after[:, None])]
+    # suffix. Below ``after`` it is above every threshold (u < 1), so the first of them is past
+    # the age. The threshold is read on a grid of GRID steps, rounded down: never a shorter
+    # answer than the exact search gives, at most one step of S longer.
+    thresholds = (draws * alive_now[:, None] * GRID).astype(np.intp)
+    first = first_at_most[thresholds]
+    ends = ends_at[np.maximum(first, after[:, None])]
     left: Floats = np.minimum(ends, cap) - ages[:, None]
     # Older than every answer seen, none running that long either: another quarter of its age.
     stale = alive_now <= 0.0
@@ -96,12 +108,38 @@ def curve_remaining_many(curve: SurvivalCurve, ages: Floats, draws: Floats) -> F
     return left
 
 
+GRID = 4096
+"""Steps of the survival probability on which a draw's threshold is read (a lookup, not a
+search, per request and future: the forecast runs at every admission)."""
+
+
+def _arrays(curve: SurvivalCurve) -> tuple[Floats, Floats, npt.NDArray[np.intp], Floats]:
+    """A curve's arrays, computed once: its lengths, its survival, for each grid step ``g`` the
+    index of the first length where ``S <= g / GRID``, and the lengths with ``cap`` appended."""
+    cached = _CURVE_ARRAYS.get(id(curve))
+    if cached is not None and cached[0] is curve:
+        return cached[1]
+    times = np.asarray(curve.times, dtype=np.float64)
+    surviving = np.asarray(curve.surviving, dtype=np.float64)
+    grid = np.arange(GRID + 1, dtype=np.float64) / GRID
+    first_at_most = np.searchsorted(-surviving, -grid, side="left")
+    arrays = (times, surviving, first_at_most, np.append(times, float(curve.cap)))
+    if len(_CURVE_ARRAYS) >= 64:
+        _CURVE_ARRAYS.clear()
+    _CURVE_ARRAYS[id(curve)] = (curve, arrays)
+    return arrays
+
+
+_CURVE_ARRAYS: dict[int, tuple[SurvivalCurve, tuple[Floats, Floats, npt.NDArray[np.intp], Floats]]]
+_CURVE_ARRAYS = {}
+
+
 def peak_quantile(flights: Sequence[Flight], quantile: float) -> float:
     """The ``quantile`` over sampled futures of the highest KV the flights hold together."""
     if not flights:
         return 0.0
     held = np.asarray([flight.held for flight in flights], dtype=np.float64)
-    left = remaining(flights)
+    left = remaining(flights, futures_for(len(flights)))
     order = np.argsort(left, axis=1)
     left_sorted = np.take_along_axis(left, order, axis=1)
     held_sorted = held[order]

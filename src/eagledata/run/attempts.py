@@ -84,7 +84,12 @@ class ItemSender:
             return None  # stopped while waiting for room: nothing was sent
         try:
             result = await self.client.generate(
-                item.input_ids, params, new_rid(), url=ticket.lane.server, dp_rank=ticket.lane.rank
+                item.input_ids,
+                params,
+                new_rid(),
+                url=ticket.lane.server,
+                dp_rank=ticket.lane.rank,
+                admitted=True,
             )
         except QueueFullError:
             load.release(ticket, queue_full=True)

@@ -85,6 +85,7 @@ async def load_controller(
         max_new_tokens=config.generation.max_new_tokens,
         telemetry=telemetry,
         note=lambda message: progress.note(message),
+        facts_of=guard.facts.get,
     )
     load.lengths.seed(known_lengths)
     for endpoint in client.endpoints:

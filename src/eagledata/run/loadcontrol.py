@@ -9,8 +9,13 @@ server's release knows), and every
 ticket before each request: the first waiter goes to the lane with the most free projected KV,
 once one has room, so a slow or small server gets less work and a fast or large one more.
 
-With a fixed ``--concurrency N`` nothing is gated; the loop still samples for the telemetry and
-the progress bar.
+The controller is also the client's gate under auto (``server/budget.py``): the canary's
+requests and the probe of a failing server take tickets on the lane they are pinned to, ahead of
+the run's own waiting requests, counted in flight and in the forecast at their exact length;
+nothing they return teaches the answer-length model.
+
+With a fixed ``--concurrency N`` nothing is gated here (the client's ``SlotGate`` bounds what
+is in flight); the loop still samples for the telemetry and the progress bar.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import contextlib
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -43,6 +48,19 @@ from eagledata.server.loads import ServerLoad, in_logical_tokens, merge_workers
 from eagledata.server.serverfacts import ServerFacts
 
 
+@dataclass(eq=False, slots=True)
+class Waiter:
+    """A request waiting for a ticket."""
+
+    prompt_tokens: int
+    draws: Floats
+    fut: asyncio.Future[Ticket]
+    lane: Lane | None = None
+    """Pinned to this lane (a canary request), else any lane with room."""
+    projected: int | None = None
+    """Its exact KV at its end, when known (a canary request); else the length model's."""
+
+
 @dataclass(frozen=True, slots=True)
 class ServerPlan:
     """What the controller knows of a server before its first load sample."""
@@ -51,6 +69,10 @@ class ServerPlan:
     facts: ServerFacts | None
     workers: list[str] | None
     """The workers behind a router at ``url``; None for a plain server."""
+
+
+_UNGATED = object()
+"""The pass of a request the controller does not gate (a server it has no lane for)."""
 
 
 def controller_settings(load: LoadSettings) -> ControllerSettings:
@@ -81,8 +103,12 @@ class LoadController:
         max_new_tokens: int,
         telemetry: TelemetryLog | None,
         note: Callable[[str], None],
+        facts_of: Callable[[str], ServerFacts | None] | None = None,
     ) -> None:
         self.client = client
+        self.facts_of = facts_of
+        """A server's latest facts (the KV guard's, read again after a reconnect): its queue
+        cap and prefill chunk may change when it restarts."""
         self.load = load
         self.fixed = fixed
         self.max_new_tokens = max_new_tokens
@@ -99,7 +125,7 @@ class LoadController:
         self._ages_at = -float("inf")
         self.lanes: dict[str, list[Lane]] = {}
         self.plans: dict[str, ServerPlan] = {}
-        self._waiters: deque[tuple[int, Floats, asyncio.Future[Ticket]]] = deque()
+        self._waiters: deque[Waiter] = deque()
         # A waiter's futures are drawn once: were they drawn again at every try, a request
         # held at the edge would wait for a lucky draw and get in on it.
         self._rng = np.random.default_rng(0)
@@ -108,6 +134,7 @@ class LoadController:
         """Set when an answer ends while requests wait for room: sample now, not at the poll."""
         self._prompt_sum = 0
         self._prompt_count = 0
+        self._queue_targets_at = 0
         self.latest: dict[str, TelemetryLine] = {}
         """The last telemetry entry per lane key, for the progress bar."""
 
@@ -135,12 +162,20 @@ class LoadController:
                 max_running=None if facts is None else facts.max_running_requests,
                 usage_target=self.settings.target_usage,
                 queue_target=queue,
-                queue_cap=queue,
                 decode_rate=self.settings.default_decode_rate,
             )
             for rank in ranks
         ]
         self.plans[plan.url] = plan
+        self._read_facts(plan.url, facts)
+
+    def _read_facts(self, url: str, facts: ServerFacts | None) -> None:
+        """The server's own queue cap, per DP rank (each rank's scheduler keeps its own queue).
+        Behind a router, the workers' caps do not add up to one queue: none is kept."""
+        if self.plans[url].workers is not None or facts is None:
+            return
+        for lane in self.lanes[url]:
+            lane.queue_limit = facts.max_queued_requests
 
     # --- the loop -------------------------------------------------------------------------------
 
@@ -174,17 +209,19 @@ class LoadController:
         await asyncio.sleep(max(0.0, polled_at + poll / 4 - time.monotonic()))
 
     def _queue_targets(self) -> None:
-        """``q*`` from the prompts seen so far: enough to fill one prefill batch. A lane whose
-        queue a 503 made shallower gets its slots back through its own calm periods."""
+        """``q*`` from the prompts seen so far and the server's own prefill chunk: enough to
+        fill one prefill batch."""
         if not self._prompt_count:
             return
+        self._queue_targets_at = self._prompt_count
         mean = self._prompt_sum / self._prompt_count
-        cap = initial_queue_target(self.settings.chunked_prefill_size, mean)
-        for lanes in self.lanes.values():
+        for url, lanes in self.lanes.items():
+            facts = self.plans[url].facts
+            chunk = (facts.chunked_prefill_size if facts is not None else None) or 0
+            if chunk <= 0:
+                chunk = self.settings.chunked_prefill_size
             for lane in lanes:
-                if lane.queue_target >= lane.queue_cap:
-                    lane.queue_target = cap
-                lane.queue_cap = cap
+                lane.queue_target = initial_queue_target(chunk, mean)
 
     async def _read(self, url: str) -> ServerLoad | None:
         plan = self.plans[url]
@@ -197,8 +234,18 @@ class LoadController:
         return merge_workers(known) if len(known) == len(loads) else None
 
     async def _sample(self, url: str, now: float) -> None:
+        asked = time.monotonic()
+        counts = {id(lane): (len(lane.tickets), lane.ended_total) for lane in self.lanes[url]}
         load = await self._read(url)
+        # The sample's time is when its answer came: a request sent while it was read has
+        # most likely reached the server before it answered (and is in its counts).
+        now = time.monotonic()
         lanes = self.lanes[url]
+        if self.facts_of is not None:
+            facts = self.facts_of(url)
+            if facts is not None and facts is not self.plans[url].facts:
+                self.plans[url] = replace(self.plans[url], facts=facts)
+                self._read_facts(url, facts)
         if load is None:
             self._fall_back(url, lanes)
             return
@@ -225,6 +272,9 @@ class LoadController:
                 retracted_waiting=rank.retracted_waiting,
                 max_running=rank.max_running,
                 spec_accept_length=rank.spec_accept_length,
+                asked=asked,
+                ours_at_ask=counts[id(lane)][0],
+                ended_at_ask=counts[id(lane)][1],
             )
             if lane.observe(sample, now) and self.auto:
                 self.note_once(
@@ -272,7 +322,10 @@ class LoadController:
         self._prompt_sum += prompt_tokens
         self._prompt_count += 1
         fut: asyncio.Future[Ticket] = asyncio.get_running_loop().create_future()
-        self._waiters.append((prompt_tokens, new_draws(self._rng), fut))
+        self._waiters.append(Waiter(prompt_tokens, new_draws(self._rng), fut))
+        return await self._wait(fut)
+
+    async def _wait(self, fut: asyncio.Future[Ticket]) -> Ticket:
         self._dispatch()
         try:
             return await fut
@@ -280,6 +333,37 @@ class LoadController:
             if fut.done() and not fut.cancelled():
                 self.release(fut.result())
             raise
+
+    # --- the client's gate (server/budget.py): the canary's requests and probes ----------------
+
+    def lane_of(self, url: str, rank: int | None) -> Lane | None:
+        lanes = self.lanes.get(url)
+        if not lanes:
+            return None
+        if rank is not None:
+            return next((lane for lane in lanes if lane.rank == rank), lanes[0])
+        return lanes[0]
+
+    async def enter(
+        self, url: str, rank: int | None, prompt_tokens: int, max_new_tokens: int
+    ) -> object:
+        """A request that is not the run's own (the canary's, a probe's), pinned to one lane:
+        a ticket there, ahead of the waiting run requests, at its exact length. Under a fixed
+        ``--concurrency`` this gate is not used."""
+        lane = self.lane_of(url, rank)
+        if lane is None or not self.auto:
+            return _UNGATED
+        fut: asyncio.Future[Ticket] = asyncio.get_running_loop().create_future()
+        projected = prompt_tokens + max_new_tokens
+        self._waiters.appendleft(
+            Waiter(prompt_tokens, new_draws(self._rng), fut, lane=lane, projected=projected)
+        )
+        return await self._wait(fut)
+
+    def leave(self, entry: object) -> None:
+        if isinstance(entry, Ticket):
+            # The canary's answers teach nothing: their KV at the end is their projection.
+            self.release(entry, answered=True, data=False)
 
     def _healthy(self, url: str) -> bool:
         endpoint = self.client.endpoint(url)
@@ -301,29 +385,49 @@ class LoadController:
     def _dispatch(self) -> None:
         now = time.monotonic()
         self._refresh_curves(now)
+        if self._prompt_count != self._queue_targets_at:
+            self._queue_targets()  # q* from the first prompts on, not from the first poll
         while self._waiters:
-            prompt, draws, fut = self._waiters[0]
-            if fut.done():
+            waiter = self._waiters[0]
+            if waiter.fut.done():
                 self._waiters.popleft()
                 continue
-            # Projected now, not when it started waiting: the length model learns meanwhile.
-            projected = prompt + min(self.max_new_tokens, self.lengths.estimate(prompt))
-            lengths = self.lengths.curve(prompt)
+            prompt = waiter.prompt_tokens
+            if waiter.projected is not None:
+                projected, lengths = waiter.projected, None
+            else:
+                # Projected now, not when it started waiting: the length model learns meanwhile.
+                projected = prompt + min(self.max_new_tokens, self.lengths.estimate(prompt))
+                lengths = self.lengths.curve(prompt)
             best: tuple[float, Ticket] | None = None
             for url, lanes in self.lanes.items():
-                if not self._healthy(url):
+                if not self._healthy(url) and waiter.lane is None:
                     continue
                 for lane in lanes:
-                    candidate = Ticket(lane, prompt, projected, now, lengths, draws=draws)
+                    if waiter.lane is not None and lane is not waiter.lane:
+                        continue
+                    candidate = Ticket(lane, prompt, projected, now, lengths, draws=waiter.draws)
                     room = lane.room(candidate, now)
                     if room is not None and (best is None or room > best[0]):
                         best = (room, candidate)
             if best is None:
+                if self.auto and self._held_by_queue(waiter):
+                    # Only a fresh count of the server's queue can open it: sample soon.
+                    self._answer_ended.set()
                 return
             ticket = best[1]
             ticket.lane.tickets[ticket] = None
             self._waiters.popleft()
-            fut.set_result(ticket)
+            waiter.fut.set_result(ticket)
+
+    def _held_by_queue(self, waiter: Waiter) -> bool:
+        """Did a queue rule (not the KV forecast) hold this waiter on every lane it may use?"""
+        lanes = (
+            [waiter.lane]
+            if waiter.lane is not None
+            else [lane for lanes in self.lanes.values() for lane in lanes]
+        )
+        return any(lane.last_hold in ("queue", "queue_cap") for lane in lanes)
 
     def release(
         self,
@@ -332,23 +436,31 @@ class LoadController:
         completion_tokens: int | None = None,
         retractions: int = 0,
         queue_full: bool = False,
+        answered: bool = False,
+        data: bool = True,
     ) -> None:
-        """The request ended (a result, a failure, a 503): free its place, learn from it."""
+        """The request ended (a result, a failure, a 503): free its place, learn from it.
+        ``answered`` without ``completion_tokens``: an answer of known length that teaches
+        nothing (the canary's); ``data``: one of the run's own requests."""
         lane = ticket.lane
+        if queue_full:
+            lane.queue_full(time.monotonic(), lane.queued_at_most())
         lane.tickets.pop(ticket, None)
         now = time.monotonic()
         if completion_tokens is not None:
             self.lengths.add(ticket.prompt_tokens, completion_tokens)
             self._ages_at = -float("inf")  # a new answer: new curves for everyone in flight
             lane.learn_rate(completion_tokens, now - ticket.sent_at)
-            if self._waiters and self.auto:
-                self._answer_ended.set()
+            lane.ended(ticket, now, ticket.prompt_tokens + completion_tokens, data=data)
+        elif answered:
+            lane.ended(ticket, now, ticket.projected, data=False)
+        news = completion_tokens is not None or answered or queue_full
+        if news and self._waiters and self.auto:
+            self._answer_ended.set()  # sample now: the room it left, the queue it freed
         if retractions and not lane.counts_retractions():
             # A retraction reaches its response only when that request ends, often minutes
             # after the server's counter showed it: news only from a server without a counter.
             lane.target.back_off(now)
-        if queue_full:
-            lane.queue_full()
         self._dispatch()
 
     # --- what it shows --------------------------------------------------------------------------

@@ -39,6 +39,7 @@ from eagledata.rundir.manifest import RunDir, RunTotals, scan_totals
 from eagledata.rundir.planstate import PlanStateBuilder
 from eagledata.rundir.status import canary_line, canary_summary
 from eagledata.rundir.telemetry import TelemetryLog
+from eagledata.server.budget import SlotGate
 from eagledata.server.client import SGLangClient
 from eagledata.server.guard import KVGuard
 from eagledata.server.responses import GenerateResult
@@ -111,8 +112,8 @@ class Run:
             async with self._client(tokenizer) as client:
                 with cancel_on_signals(self._on_startup_stop):
                     parts = await self._contact_servers(client, files, tokenizer)
-                    await self._start_canary(parts, tokenizer)
                     await self._start_load_controller(parts)
+                    await self._start_canary(parts, tokenizer)
                 await self._generate(parts)
         except asyncio.CancelledError:
             if self.interrupted != STARTUP_STOPPED:
@@ -243,17 +244,21 @@ class Run:
         started = time.monotonic()
         parts.quality_log = Journal(self.run_dir.path / "quality.jsonl", 0.0)
         limit = parts.limit
-        monitor = await start_canary(
-            self.run_dir,
-            config,
-            parts.client,
-            parts.kv_guard,
-            parts.holder,
-            lambda: canary_prompts(config, self.mix, tokenizer, limit),
-            parts.quality_log,
-            # said only beside the live bar: stderr is one line on failure
-            parts.bar.note if self.show_progress else lambda _: None,
-        )
+        # The controller reads the servers' load while the canary starts too: the canary's
+        # requests pass its gate like the run's (server/budget.py).
+        async with TaskScope(shutdown_s=TASK_SHUTDOWN_S, on_stuck=self._report_stuck) as scope:
+            scope.create_task(parts.controller.run(), name="load-controller")
+            monitor = await start_canary(
+                self.run_dir,
+                config,
+                parts.client,
+                parts.kv_guard,
+                parts.holder,
+                lambda: canary_prompts(config, self.mix, tokenizer, limit),
+                parts.quality_log,
+                # said only beside the live bar: stderr is one line on failure
+                parts.bar.note if self.show_progress else lambda _: None,
+            )
         parts.holder.checks.append(monitor)
         self.checks_s += time.monotonic() - started
 
@@ -268,6 +273,11 @@ class Run:
             parts.bar,
             parts.files.totals.output_lengths,
         )
+        # Every generation passes one gate (server/budget.py), the canary's too: a fixed
+        # --concurrency N bounds all we have in flight on a server; under auto the controller
+        # counts the canary's requests like the run's.
+        fixed = self._fixed()
+        parts.client.gate = SlotGate(fixed) if fixed is not None else parts.load
 
     def _longest_answers(self) -> AppConfig:
         """The settings with the longest ``max_new_tokens`` of the run's datasets: the load

@@ -50,6 +50,8 @@ def lane_entry(
         # forecast is 256 sampled futures, and the progress bar does not show it.
         forecast_usage=None,
         queue_full=lane.rejections,
+        # The server queue the gate never reaches (its max_queued_requests, or one a 503 taught).
+        queue_cap=lane.queue_cap() if auto else None,
         held_by=dict(lane.held_by),
         spec_accept_length=None if sample is None else sample.spec_accept_length,
     )

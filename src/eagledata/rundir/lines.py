@@ -423,6 +423,11 @@ class TelemetryLine(Line):
         default=None, description="the peak pool share forecast for what is in flight"
     )
     queue_full: int = Field(default=0, description="503s the lane has had")
+    queue_cap: int | None = Field(
+        default=None,
+        description="the server queue the gate never reaches: its `max_queued_requests` less a "
+        "spare, or a cap a 503 taught (null under a fixed concurrency)",
+    )
     held_by: dict[str, int] = Field(
         default={},
         description="times each gate rule held a request back since the previous line",

@@ -39,6 +39,7 @@ from eagledata.server.answers import (
     generate_answer,
     router_worker_urls,
 )
+from eagledata.server.budget import SlotGate, TrafficGate
 
 # Re-exported: callers that hold a client also name its results and request ids from here.
 from eagledata.server.loads import (
@@ -141,6 +142,9 @@ class SGLangClient:
         self.rank_pins: dict[str, tuple[str, ...]] = {}
         """Per server, the ``/generate`` field(s) that pin a DP rank
         (``ServerFacts.rank_pin_fields``, set by the KV guard from the server's release)."""
+        self.gate: TrafficGate | None = None
+        """Every generation passes it before it is sent (``server/budget.py``): the slots of a
+        fixed ``--concurrency``, or the load controller under auto. None: nothing gated."""
 
     @classmethod
     def api_key_from_env(cls, variable: str) -> str | None:
@@ -154,10 +158,27 @@ class SGLangClient:
         await self._pools.close()
 
     def pick_endpoint(self) -> Endpoint:
+        """The healthy server with the fewest of our requests in flight (one with a free slot
+        first, under a fixed ``--concurrency``: the canary may hold another's)."""
         healthy = [endpoint for endpoint in self.endpoints if endpoint.healthy]
         if not healthy:
             raise ServerDownError("no server is reachable", reason="server_down")
+        gate = self.gate
+        if isinstance(gate, SlotGate):
+            return min(healthy, key=lambda e: (not gate.has_room(e.url), e.in_flight))
         return min(healthy, key=lambda endpoint: endpoint.in_flight)
+
+    async def _through_gate(
+        self, url: str, rank: int | None, prompt_tokens: int, max_new_tokens: int
+    ) -> object | None:
+        """Wait for the gate's leave to send one request to ``url``; None: no gate."""
+        if self.gate is None:
+            return None
+        return await self.gate.enter(url, rank, prompt_tokens, max_new_tokens)
+
+    def _leave_gate(self, entry: object | None) -> None:
+        if entry is not None and self.gate is not None:
+            self.gate.leave(entry)
 
     def endpoint(self, url: str) -> Endpoint | None:
         return next((endpoint for endpoint in self.endpoints if endpoint.url == url), None)
@@ -172,13 +193,19 @@ class SGLangClient:
         *,
         url: str | None = None,
         dp_rank: int | None = None,
+        admitted: bool = False,
     ) -> GenerateResult:
         """One attempt at one generation. Raises an ``ItemError`` or a ``ServerError``.
 
         ``url`` sends it to that server (the load controller's choice) while it is healthy;
-        ``dp_rank`` pins its DP rank (``pinned``)."""
+        ``dp_rank`` pins its DP rank (``pinned``); ``admitted``: the load controller already
+        counted it (a ticket), so it does not pass the gate again."""
         chosen = self.endpoint(url) if url is not None else None
         endpoint = chosen if chosen is not None and chosen.healthy else self.pick_endpoint()
+        entry = None
+        if not admitted:
+            max_new = int(sampling_params.get("max_new_tokens") or 0)
+            entry = await self._through_gate(endpoint.url, dp_rank, len(input_ids), max_new)
         try:
             result = await self._generate(
                 endpoint, input_ids, sampling_params, rid, dp_rank=dp_rank
@@ -186,17 +213,22 @@ class SGLangClient:
         except RetryableItemError as exc:
             exc.server = endpoint.url
             raise
+        finally:
+            self._leave_gate(entry)
         endpoint.last_ok = time.monotonic()
         return result
 
     async def probe(self, endpoint: Endpoint, input_ids: list[int]) -> bool:
         """Does ``endpoint`` generate at all? One greedy token for ``input_ids``, nothing kept."""
+        entry = await self._through_gate(endpoint.url, None, len(input_ids), 1)
         try:
             await self._generate(
                 endpoint, input_ids, {"max_new_tokens": 1, "temperature": 0.0}, new_rid()
             )
         except (ItemError, ServerError):
             return False
+        finally:
+            self._leave_gate(entry)
         endpoint.last_ok = time.monotonic()
         return True
 
@@ -276,9 +308,14 @@ class SGLangClient:
         fields and all; no token contract: the caller checks what it asked for).
 
         Raises ``ServerUnavailableError`` when the server cannot be reached or answers 5xx,
-        ``ServerError`` when it refuses the request (4xx).
+        ``ServerError`` when it refuses the request (4xx). It passes the gate like any other
+        generation: the canary's traffic is inside ``--concurrency``.
         """
         bound = response_bound(body)
+        params = body.get("sampling_params")
+        max_new = int(params.get("max_new_tokens") or 0) if isinstance(params, dict) else 0
+        rank = next((body[key] for key in BOTH_PIN_FIELDS if isinstance(body.get(key), int)), None)
+        entry = await self._through_gate(url, rank, len(body["input_ids"]), max_new)
         try:
             async with asyncio.timeout(self.request_timeout_s):
                 status, content = await read_capped(
@@ -292,6 +329,8 @@ class SGLangClient:
             ) from None
         except httpx.HTTPError as exc:
             raise ServerUnavailableError(f"{url}: /generate failed ({exc!r})") from None
+        finally:
+            self._leave_gate(entry)
         return canary_answer(url, status, content, self._api_key_env, self.vocab_size)
 
     # --- control calls ---------------------------------------------------------------------

@@ -134,6 +134,9 @@ class ServerFacts(_Facts):
     enable_hierarchical_cache: Annotated[bool | None, Lenient] = None
     mem_fraction_static: Annotated[float | None, Lenient] = None
     max_running_requests: Annotated[int | None, Lenient] = None
+    max_queued_requests: Annotated[int | None, Lenient] = None
+    """``--max-queued-requests``: a DP rank's waiting queue past it answers 503 (None: no cap)."""
+    chunked_prefill_size: Annotated[int | None, Lenient] = None
     max_total_num_tokens: Annotated[int | None, Lenient] = None
     max_req_input_len: Annotated[int | None, Lenient] = None
     context_length: Annotated[int | None, Lenient] = None

@@ -149,6 +149,8 @@ async def generate(request: web.Request) -> web.StreamResponse:
     except asyncio.CancelledError:
         _client_gone(state, items)
         raise
+    if any(item.rejected for item in items):  # retracted, then refused by a full queue
+        return _json(queue_full_body(), 503)
     if "reset" in faults:
         stats.outcomes["reset"] += 1
         _drop_connection(request)
@@ -205,8 +207,8 @@ async def _stream(
             for mark in range(spec.stream_interval, total, spec.stream_interval):
                 if item.state == ABORTED or (broken and 2 * mark >= total):
                     break
-                if state.config.engine == "sglang":
-                    await state.scheduler.engine.until_generated(item, mark)
+                if state.config.steps_engine:
+                    await state.scheduler.engine(state.config).until_generated(item, mark)
                 else:
                     delay = item.admitted_at + item.duration * mark / total - loop.time()
                     if delay > 0:

@@ -21,6 +21,29 @@ DEFAULT_EOS_TOKEN_ID = 163_586
 Rate = Annotated[float, Field(ge=0.0, le=1.0)]
 
 
+class SGLangLoopSettings(BaseModel):
+    """The step-time fit of the second scheduler model (``engine="sglang-loop"``,
+    ``simserver/sglang_loop.py``), and SGLang's ``--max-prefill-tokens``.
+
+    A decode step of ``N`` requests holding ``T`` tokens lasts ``decode_base_s +
+    decode_per_request_s N + decode_per_context_token_s T``: at the reference job's point (20
+    requests, ~104,000 tokens) 0.0824 s, within 2% of the reference fit ``0.077 + 0.00018 N``,
+    but a batch of short requests is cheaper than a batch of long ones (attention reads every
+    token). A prefill lasts ``prefill_base_s`` plus its extend tokens at ``prefill_tok_per_s``
+    (an assumption: not measured on the reference rig). ``slowdown`` multiplies both (a slower
+    server)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    decode_base_s: float = Field(default=0.070, gt=0.0)
+    decode_per_request_s: float = Field(default=0.0001, ge=0.0)
+    decode_per_context_token_s: float = Field(default=1e-7, ge=0.0)
+    prefill_base_s: float = Field(default=0.02, ge=0.0)
+    prefill_tok_per_s: float = Field(default=12_000.0, gt=0.0)
+    max_prefill_tokens: int = Field(default=16_384, ge=1)
+    slowdown: float = Field(default=1.0, gt=0.0)
+
+
 class SimConfig(BaseModel):
     """What the simulated server pretends to be, how fast it is, and which faults it injects."""
 
@@ -89,11 +112,15 @@ class SimConfig(BaseModel):
     seed: int = 0
 
     # --- the SGLang capacity engine (simserver/capacity.py; issue 9) ----------------------------
-    engine: Literal["simple", "sglang"] = "simple"
+    engine: Literal["simple", "sglang", "sglang-loop"] = "simple"
     """``simple``: the latency/decode-speed model above. ``sglang``: a step-by-step model of
     SGLang's scheduler (KV pool filled as requests decode, admission with the decaying
     ``new_token_ratio``, retraction, batched step time); it ignores ``latency_s`` and
-    ``decode_tok_per_s``."""
+    ``decode_tok_per_s``. ``sglang-loop``: a second model of the same scheduler, written anew
+    from SGLang's source (``simserver/sglang_loop.py``: its event loop, ``batch_is_full``,
+    chunked prefill, 503 for a retracted request on a full queue), with a step-time fit of its
+    own (``sglang_loop``)."""
+    sglang_loop: SGLangLoopSettings = Field(default_factory=SGLangLoopSettings)
     step_base_s: float = Field(default=0.077, gt=0.0)
     step_per_request_s: float = Field(default=0.00018, ge=0.0)
     """Decode step time = base + per_request x running: tok/s = N / (0.077 + 0.00018 N), the
@@ -204,6 +231,11 @@ class SimConfig(BaseModel):
 
     def max_req_input_len(self) -> int:
         return min(self.context_length - 1, self.max_total_num_tokens - 1) - 5
+
+    @property
+    def steps_engine(self) -> bool:
+        """True when a step-by-step scheduler model runs the server (not ``simple``)."""
+        return self.engine != "simple"
 
     def running_limit_per_rank(self) -> int:
         """``effective_max_running_requests_per_dp``: SGLang's default when not set."""

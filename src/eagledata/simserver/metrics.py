@@ -50,8 +50,8 @@ def rank_views(state: SimState) -> list[dict[str, Any]]:
 
 def _rank_views(state: SimState) -> list[dict[str, Any]]:
     config, scheduler = state.config, state.scheduler
-    if config.engine == "sglang":
-        return scheduler.engine.loads(config)
+    if config.steps_engine:
+        return scheduler.engine(config).loads(config)
     pool = config.max_total_num_tokens
     throughput = scheduler.gen_throughput() / config.dp_size
     views = []
@@ -107,7 +107,7 @@ def render_metrics(state: SimState) -> str:
         lines += [f"sglang:{metric}{{{labels}}} {float(v[index])}" for labels, v in rows]
     accept = state.spec_tally.accept_length
     lines += metrics_lines(config.speculative, [labels for labels, _ in rows], accept)
-    if config.engine == "sglang":
+    if config.steps_engine:
         for metric, help_text, since in ENGINE_GAUGES:
             if version >= since:
                 lines += [f"# HELP sglang:{metric} {help_text}", f"# TYPE sglang:{metric} gauge"]

@@ -12,6 +12,7 @@ from eagledata.errors import EagledataError
 from eagledata.simserver.capacity import CapacityEngine
 from eagledata.simserver.config import SimConfig
 from eagledata.simserver.protocol import FinishReason, abort_reason
+from eagledata.simserver.sglang_loop import QUEUE_FULL, LoopEngine
 
 QUEUED, RUNNING, DONE, ABORTED = range(4)
 
@@ -37,6 +38,7 @@ class Item:
         "output_ids",
         "prompt_len",
         "rank",
+        "rejected",
         "reserve",
         "retractions",
         "rid",
@@ -55,6 +57,8 @@ class Item:
         self.keep = 0
         self.admitted_at = self.duration = 0.0
         self.abort_finish: FinishReason | None = None
+        self.rejected = False
+        """Refused with 503 after it was taken (a retracted request on a full queue)."""
         self.fut: asyncio.Future[None] | None = None
         self.admit_fut: asyncio.Future[None] | None = None
         self.timer: asyncio.TimerHandle | None = None
@@ -103,6 +107,9 @@ class SimStats:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     aborted_items: int = 0
+    max_in_flight: int = 0
+    """The most items the server held at once, queued or running (what a client had in flight
+    here, as the server saw it)."""
     abort_calls: list[str] = field(default_factory=list)
     """The rid of every ``/abort_request`` call, in flight or not, in order (capped)."""
 
@@ -127,8 +134,28 @@ class Scheduler:
         self.stats = SimStats()
         self._window = (0.0, 0)
         self._last_throughput = 0.0
-        self.engine = CapacityEngine(lambda item, config: self.finish(item, DONE, config))
+        self.capacity = CapacityEngine(lambda item, config: self.finish(item, DONE, config))
         """SGLang's scheduler, step by step, when ``config.engine == "sglang"``."""
+        self.loop = LoopEngine(
+            lambda item, config: self.finish(item, DONE, config), self._reject_retracted
+        )
+        """The second model of it, when ``config.engine == "sglang-loop"``."""
+
+    def engine(self, config: SimConfig) -> CapacityEngine | LoopEngine:
+        """The step-by-step model ``config`` runs (``config.steps_engine``)."""
+        return self.loop if config.engine == "sglang-loop" else self.capacity
+
+    def engine_loads(self, config: SimConfig) -> list[dict[str, Any]]:
+        """Per DP rank, the step model's numbers; empty before its first request."""
+        engine = self.engine(config)
+        return engine.loads(config) if engine.ranks else []
+
+    def _reject_retracted(self, item: Item, config: SimConfig) -> None:
+        """A retracted request the full queue refused: SGLang aborts it with 503."""
+        item.rejected = True
+        item.abort_finish = abort_reason(QUEUE_FULL, 503, None)
+        self.stats.outcomes["queue_full_retracted"] += 1
+        self.finish(item, ABORTED, config)
 
     def rank(self, index: int) -> Rank:
         while len(self.ranks) <= index:
@@ -150,7 +177,7 @@ class Scheduler:
     def submit(self, items: list[Item], config: SimConfig) -> None:
         """Admit or queue every item of one HTTP request, or none (QueueFullError)."""
         now = asyncio.get_running_loop().time()
-        if config.engine == "sglang":
+        if config.steps_engine:
             self._submit_to_engine(items, config)
             return
         for placed, item in enumerate(items):
@@ -166,23 +193,25 @@ class Scheduler:
                 raise QueueFullError("The request queue is full.")
             else:
                 rank.queue.append(item)
-            self.live[item] = None
-            self.rid_counts[item.rid] += 1
-            self.stats.prompt_tokens += item.prompt_len
-            self.stats.cached_tokens += item.cached
+            self._take(item)
+
+    def _take(self, item: Item) -> None:
+        self.live[item] = None
+        self.rid_counts[item.rid] += 1
+        self.stats.prompt_tokens += item.prompt_len
+        self.stats.cached_tokens += item.cached
+        self.stats.max_in_flight = max(self.stats.max_in_flight, len(self.live))
 
     def _submit_to_engine(self, items: list[Item], config: SimConfig) -> None:
+        engine = self.engine(config)
         for placed, item in enumerate(items):
-            rank = self.engine.place(item, config)
-            if self.engine.queue_full(rank, config):
+            rank = engine.place(item, config)
+            if engine.queue_full(rank, config):  # type: ignore[arg-type]
                 for other in items[:placed]:
                     self.finish(other, ABORTED, config)
                 raise QueueFullError("The request queue is full.")
-            self.live[item] = None
-            self.rid_counts[item.rid] += 1
-            self.stats.prompt_tokens += item.prompt_len
-            self.stats.cached_tokens += item.cached
-            self.engine.enqueue(rank, item, config)
+            self._take(item)
+            engine.enqueue(rank, item, config)  # type: ignore[arg-type]
 
     def _fits(self, rank: Rank, item: Item, config: SimConfig) -> bool:
         if rank.running >= config.running_limit_per_rank():
@@ -206,10 +235,11 @@ class Scheduler:
         """End an item (DONE or ABORTED), free its KV, admit waiters, wake its handler."""
         if item.state not in (QUEUED, RUNNING):
             return
-        if config.engine == "sglang":
-            self.engine.release(item)
+        if config.steps_engine:
+            engine = self.engine(config)
+            engine.release(item)
             self._end(item, state)
-            self.engine.kick(self.engine.rank(item.rank, config), config)
+            engine.kick(engine.rank(item.rank, config), config)  # type: ignore[arg-type]
             return
         rank = self.rank(item.rank)
         if item.state == RUNNING:
@@ -255,8 +285,9 @@ class Scheduler:
 
     def gen_throughput(self) -> float:
         """Generated tokens per second over the last window of about two seconds."""
-        if self.engine.ranks:
-            return sum(rank.throughput for rank in self.engine.ranks)
+        for engine in (self.capacity, self.loop):
+            if engine.ranks:
+                return sum(rank.throughput for rank in engine.ranks)
         start, tokens = self._window
         elapsed = asyncio.get_running_loop().time() - start
         return tokens / elapsed if elapsed > 4.0 else self._last_throughput
@@ -272,7 +303,7 @@ class Scheduler:
             return 0
         now = asyncio.get_running_loop().time()
         for item in targets:
-            if item.state == RUNNING and config.engine == "sglang":
+            if item.state == RUNNING and config.steps_engine:
                 item.keep = min(item.generated, max(0, len(item.output_ids) - 1))
                 item.abort_finish = abort_reason(f"Abort request {item.rid}", None, None)
             elif item.state == RUNNING:
@@ -291,7 +322,7 @@ class Scheduler:
             self.finish(item, ABORTED, config)
 
     def load(self, config: SimConfig) -> list[dict[str, Any]]:
-        if config.engine == "sglang":
+        if config.steps_engine:
             return [
                 {
                     "dp_rank": r["dp_rank"],
@@ -299,7 +330,7 @@ class Scheduler:
                     "num_waiting_reqs": r["num_waiting_reqs"],
                     "num_tokens": r["num_total_tokens"],  # used + queued seq lens (S9 L591-617)
                 }
-                for r in self.engine.loads(config)
+                for r in self.engine(config).loads(config)
             ]
         ranks = [self.rank(i) for i in range(config.dp_size)]
         return [

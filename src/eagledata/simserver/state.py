@@ -58,8 +58,8 @@ def apply_control(state: SimState, changes: dict[str, Any]) -> dict[str, Any]:
     state.config = config
     for rank in state.scheduler.ranks:
         state.scheduler.drain(rank, config)
-    if config.engine == "sglang":
-        state.scheduler.engine.kick_all(config)
+    if config.steps_engine:
+        state.scheduler.engine(config).kick_all(config)
     return config.model_dump()
 
 
@@ -72,7 +72,7 @@ def stats_snapshot(state: SimState) -> dict[str, Any]:
         "running": running,
         "queued": len(scheduler.live) - running,
         "load": scheduler.load(state.config),
-        "engine": scheduler.engine.loads(state.config) if scheduler.engine.ranks else [],
+        "engine": scheduler.engine_loads(state.config),
         "kv_cache_dtype": state.config.kv_cache_dtype,
         "effective_kv_dtype": state.config.effective_kv_dtype(),
         "answers": state.answers.as_dict(),
