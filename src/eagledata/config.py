@@ -105,6 +105,12 @@ class ServerSettings(Strict):
     request_timeout_s: float = Field(3600.0, gt=0)
     guard_interval_s: float = Field(60.0, gt=0)
     guard_max_held: int = Field(256, ge=1)
+    guard_max_hold_s: float = Field(
+        300.0,
+        gt=0,
+        description="A check of a server is due once one of its results has waited this long: "
+        "a crash loses at most this window of answers",
+    )
     down_deadline_s: float = Field(1800.0, ge=0)
     max_attempts: int = Field(5, ge=1)
     backoff_base_s: float = Field(1.0, ge=0)

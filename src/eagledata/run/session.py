@@ -207,6 +207,7 @@ class Run:
             [kv_guard],
             interval_s=config.server.guard_interval_s,
             max_held=config.server.guard_max_held,
+            max_hold_s=config.server.guard_max_hold_s,
             release=lambda payload: self._release(parts, payload),
             requeue=lambda payload: parts.redo.append(payload[0]),
         )

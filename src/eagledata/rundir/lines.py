@@ -198,7 +198,7 @@ class QualityLine(Line):
     kind: Literal["baseline", "check"] = Field(description="`baseline` or `check`")
     trigger: str = Field(
         description="baseline: `idle` or `load`; check: `start`, `period`, `reconnect`, "
-        "`server_info`, `held`, `end` or `rerun`"
+        "`server_info`, `held`, `hold_time`, `end` or `rerun`"
     )
     verdict: str = Field(description="`pass`, `fired`, `drift`, `mismatch` or `error`")
     stats: dict[str, float] = Field(description="the statistics against the baseline")
