@@ -135,6 +135,12 @@ class RunSettings(Strict):
     )
     limit: int | None = Field(None, ge=1)
     fsync_interval_s: float = Field(1.0, ge=0)
+    watchdog_s: float | None = Field(
+        None,
+        gt=0,
+        description="Seconds without progress (no answer, record or check) before a run writes "
+        "a task dump and says where it waits; unset: derived from [server] (run/watchdog.py)",
+    )
 
     @field_validator("concurrency", mode="before")
     @classmethod

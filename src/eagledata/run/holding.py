@@ -87,6 +87,11 @@ class HoldAndRelease(Generic[T]):
         self._wake = asyncio.Event()
         self._due_now = False
         """Set with ``_wake`` when ``max_held`` results wait; ``_wake`` alone: look again."""
+        self.checking: tuple[str, str, float] | None = None
+        """The check running now: (check name, server, monotonic start); for the watchdog."""
+        self.progress = 0
+        """Answers held, results released, and checks passed while results waited: it stands
+        still only when the run's work does (run/watchdog.py)."""
 
     @property
     def held(self) -> int:
@@ -97,6 +102,7 @@ class HoldAndRelease(Generic[T]):
 
     def hold(self, payload: T, server: str, completed_at: float) -> None:
         self._held.append(Held(payload, server, completed_at))
+        self.progress += 1
         if len(self._held) >= self.max_held:
             self._due_now = True
             self._wake.set()
@@ -110,12 +116,17 @@ class HoldAndRelease(Generic[T]):
     async def run_check(self, check: ServerCheck, url: str, trigger: str) -> None:
         """Run one check; a pass vouches for what completed on ``url`` before it started."""
         started = time.monotonic()
+        self.checking = (check.name, url, started)
         try:
             await check.check(url, trigger)
         except ServerRefusedError:
             self._held.clear()  # dropped, not failed: resume generates them again
             raise
+        finally:
+            self.checking = None
         self._passed[(check.name, url)] = started
+        if self.held_of(url):
+            self.progress += 1
 
     def _waited_too_long(self, check: ServerCheck, url: str) -> str | None:
         """``hold_time`` when a result of ``url`` this check has not vouched for has waited
@@ -168,6 +179,7 @@ class HoldAndRelease(Generic[T]):
             for held in self._held:
                 if held.server == url and held.completed_at <= until:
                     self.release(held.payload)
+                    self.progress += 1
                 else:
                     keep.append(held)
             self._held = keep
