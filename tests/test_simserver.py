@@ -452,6 +452,22 @@ def test_each_fault_happens_at_rate_one() -> None:
     assert outcomes["stall"] == 1
 
 
+def test_a_server_can_degrade_by_itself_after_a_number_of_generations() -> None:
+    """``degrade_after_generations``: the first N requests for new tokens are answered healthy,
+    every request after them degraded (still bf16 everywhere); prefill-only requests (the
+    canary's warm-ups and scorings) do not count towards N."""
+    with fresh(degrade_after_generations=2) as sim, httpx.Client(base_url=sim.url) as c:
+        rids = []
+        for index, max_new in enumerate([5, 0, 5, 5, 0]):
+            rid = f"r{index}"
+            body = {"input_ids": prompt(index), "sampling_params": {"max_new_tokens": max_new}}
+            assert gen(c, **body, rid=rid).is_success
+            rids.append(rid)
+        degraded = set(sim.stats()["answers"]["degraded"])
+        assert c.get("/server_info").json()["kv_cache_dtype"] == "bf16"
+    assert degraded == {"r3", "r4"}
+
+
 def test_fault_draws_are_reproducible() -> None:
     def codes() -> list[int]:
         with fresh(fail_500_rate=0.5, seed=7) as sim, httpx.Client(base_url=sim.url) as c:
