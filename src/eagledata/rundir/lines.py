@@ -200,7 +200,10 @@ class QualityLine(Line):
         description="baseline: `idle` or `load`; check: `start`, `period`, `reconnect`, "
         "`server_info`, `held`, `hold_time`, `end` or `rerun`"
     )
-    verdict: str = Field(description="`pass`, `fired`, `drift`, `mismatch` or `error`")
+    verdict: str = Field(
+        description="`pass`, `fired`, `drift`, `mismatch` or `error`; a baseline's: `pass` or "
+        "`refused` (the server changed while it was measured)"
+    )
     stats: dict[str, float] = Field(description="the statistics against the baseline")
     thresholds: dict[str, float] = Field(description="one threshold per statistic")
     reason: str = Field(default="", description="what fired, or the error")
