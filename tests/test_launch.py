@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import shlex
 import socket
@@ -26,6 +27,7 @@ from eagledata.server.launch import (
     model_from_argv,
     wait_for_health,
 )
+from eagledata.server.sglang_flags import PINNED_SGLANG_VERSION, contract_path, load_contract
 
 REPO = Path(__file__).resolve().parents[1]
 PROFILES_DIR = REPO / "configs" / "profiles"
@@ -104,9 +106,28 @@ def test_extra_arguments_come_last_and_are_quoted() -> None:
     assert format_command(command).endswith("--served-model-name 'kimi k2.5'")
 
 
-def test_bf16_overrides_are_accepted() -> None:
-    build_launch_command(profile("kimi-k25-tp8"), ["--kv-cache-dtype", "bfloat16"])
-    build_launch_command(profile("kimi-k25-tp8"), ["--kv-cache-dtype=bf16"])
+def sglang_reads(command: list[str]) -> tuple[str, list[str]]:
+    """What SGLang's argparse makes of ``command``: the ``--kv-cache-dtype`` it ends with (the
+    last one given, among the pinned release's own choices), and the problems the release's
+    flag contract finds (tests/data, parsed from its server_args.py)."""
+    release = load_contract(contract_path(REPO / "tests" / "data", PINNED_SGLANG_VERSION))
+    spec = release.resolve("--kv-cache-dtype")
+    assert spec is not None and spec.choices is not None
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--kv-cache-dtype", choices=spec.choices)
+    known, _ = parser.parse_known_args(command[1:])
+    return str(known.kv_cache_dtype), release.check_argv(command[1:])
+
+
+@pytest.mark.parametrize(
+    ("extra", "dtype"),
+    [(["--kv-cache-dtype", "bfloat16"], "bfloat16"), (["--kv-cache-dtype=bf16"], "bf16")],
+)
+def test_bf16_overrides_are_accepted(extra: list[str], dtype: str) -> None:
+    base = build_launch_command(profile("kimi-k25-tp8"))
+    command = build_launch_command(profile("kimi-k25-tp8"), extra)
+    assert command == [*base, *extra]  # the override reaches the command as given, last
+    assert sglang_reads(command) == (dtype, [])  # and SGLang ends with it: bf16 either way
 
 
 # --- refusals -------------------------------------------------------------------------------
@@ -162,7 +183,10 @@ def test_kv_quantizing_or_hiding_flags_are_refused(extra: list[str], start: str)
 
 
 def test_weight_quantization_is_not_kv_quantization() -> None:
-    check_server_args(["--kv-cache-dtype", "bf16", "--quantization", "compressed-tensors"])
+    extra = ["--quantization", "compressed-tensors"]
+    command = build_launch_command(profile("kimi-k25-tp8"), extra)
+    assert command[-2:] == extra  # the weights' quantization reaches the command...
+    assert sglang_reads(command) == ("bf16", [])  # ...and the KV cache stays bf16
 
 
 def test_argv_without_a_kv_dtype_is_refused() -> None:
