@@ -314,11 +314,24 @@ def test_no_signal_at_all_falls_back_once_and_the_run_completes(
                     note=notes.append,
                 )
                 control.add_server(ServerPlan(sim.url, None, None))
+                polled = asyncio.Event()
+                read_load = client.read_load
+
+                async def noted(url: str) -> Any:
+                    try:
+                        return await read_load(url)
+                    finally:
+                        polled.set()
+
+                client.read_load = noted  # type: ignore[method-assign]
                 task = asyncio.create_task(control.run())
-                async with asyncio.timeout(5):
+                async with asyncio.timeout(60):  # generous: the first poll admits it
                     ticket = await control.acquire(100)
                 control.release(ticket, completion_tokens=50)
-                await asyncio.sleep(0.1)
+                async with asyncio.timeout(60):  # five more polls find no signal: said once
+                    for _ in range(5):
+                        polled.clear()
+                        await polled.wait()
                 task.cancel()
                 return control
 
