@@ -10,7 +10,7 @@ import httpx
 import orjson
 import pytest
 
-from conftest import SAMPLES, make_config, read_failures, read_records, sim_config
+from conftest import SAMPLES, make_config, read_failures, read_records, sim_config, until
 from eagledata.capacity.controller import Lane, LaneSample, Ticket, fallback_concurrency
 from eagledata.capacity.controller_settings import ControllerSettings
 from eagledata.capacity.lengths import LengthModel, kaplan_meier
@@ -460,9 +460,10 @@ def test_the_controller_backs_off_on_a_real_retraction_and_a_503(tokenizer_dir: 
                 control.add_server(ServerPlan(sim.url, None, None))
                 task = asyncio.create_task(control.run())
                 await flood()
-                await asyncio.sleep(0.1)
+                lane = control.lanes[sim.url][0]
+                await until(lambda: lane.target.retractions)  # the next poll reads the counter
                 task.cancel()
-                return control.lanes[sim.url][0]
+                return lane
 
         gate = asyncio.run(watch())
     assert gate.target.retractions >= 1
