@@ -531,12 +531,13 @@ def test_a_server_that_shrinks_its_pool_is_followed(tokenizer_dir: str, tmp_path
                 )
                 control.add_server(ServerPlan(sim.url, None, None))
                 task = asyncio.create_task(control.run())
-                await asyncio.sleep(0.1)
-                before = control.lanes[sim.url][0].pool_tokens
+                lane = control.lanes[sim.url][0]
+                await until(lambda: lane.sample is not None)  # the first poll
+                before = lane.pool_tokens
                 sim.control(max_total_num_tokens=5000)  # restarted with a smaller pool
-                await asyncio.sleep(0.1)
+                await until(lambda: lane.pool_tokens != before)  # a later poll
                 task.cancel()
-                return before, control.lanes[sim.url][0].pool_tokens
+                return before, lane.pool_tokens
 
         before, after = asyncio.run(watch())
         assert (before, after) == (12_000, 5000)
