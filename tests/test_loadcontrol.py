@@ -616,7 +616,13 @@ def test_the_engine_retracts_the_youngest_and_they_keep_their_output(tokenizer_d
         async with httpx.AsyncClient(timeout=60) as http:
 
             async def one(index: int) -> dict[str, Any]:
-                await asyncio.sleep(0.05 * index)
+                # in order: each once the server has taken the ones before it (its own count),
+                # at least 0.05 s later, so that the older ones have more output
+                while index:
+                    if (await http.get(url + "/_sim/stats")).json()["requests"] >= index:
+                        await asyncio.sleep(0.05)
+                        break
+                    await asyncio.sleep(0.01)
                 body = {
                     "input_ids": list(range(20 + index, 120 + index)),
                     "sampling_params": {"max_new_tokens": 512},
