@@ -475,10 +475,11 @@ def test_the_controller_backs_off_on_a_real_retraction_and_a_503(tokenizer_dir: 
 def test_an_answer_that_ends_opens_the_gate_before_the_next_poll(tokenizer_dir: str) -> None:
     """The server frees an answer's KV before it replies, while its last sample still counts
     it: the request waiting for that room must not wait for the next poll to get in."""
-    # The answer (100 tokens, ~7.7 modelled s) lasts ~2.7 s here, so the poll at 2 s samples the
-    # pool while it runs, and the next poll is not due until 4 s.
-    poll = 2.0
-    config = engine(tokenizer_dir, output_len_mean=100.0, output_len_spread=0.0, time_scale=0.34)
+    # The answer (100 tokens, ~7.7 modelled s) lasts ~5.5 s here, so the poll at 4 s samples the
+    # pool while it runs, and the next poll is not due until 8 s: the gate must open within a
+    # second of the answer's end (a second for one local sample, on a busy machine).
+    poll = 4.0
+    config = engine(tokenizer_dir, output_len_mean=100.0, output_len_spread=0.0, time_scale=0.71)
     with SimServerThread(config) as sim:
 
         async def run() -> float:
@@ -489,11 +490,12 @@ def test_an_answer_that_ends_opens_the_gate_before_the_next_poll(tokenizer_dir: 
                 )
                 control.add_server(ServerPlan(sim.url, None, None))
                 task = asyncio.create_task(control.run())
-                await asyncio.sleep(0.1)  # the first sample: the pool is 2,500 tokens
+                lane = control.lanes[sim.url][0]
+                await until(lambda: lane.sample is not None)  # the first: a 2,500-token pool
                 # A short request stays in flight throughout (an empty lane admits anything).
-                async with asyncio.timeout(2):
+                async with asyncio.timeout(60):
                     await control.acquire(100)
-                async with asyncio.timeout(2):
+                async with asyncio.timeout(60):
                     first = await control.acquire(1200)
                 # Two of 1,200 + 256 do not fit within 0.85 of the pool: this one waits.
                 second = asyncio.create_task(control.acquire(1200))
@@ -513,7 +515,7 @@ def test_an_answer_that_ends_opens_the_gate_before_the_next_poll(tokenizer_dir: 
                 return waited
 
         waited = asyncio.run(run())
-    assert waited < poll / 4  # the next poll was ~1.1 s away
+    assert waited < poll / 4  # the next poll was ~2.5 s away
 
 
 def test_a_server_that_shrinks_its_pool_is_followed(tokenizer_dir: str, tmp_path: Path) -> None:
