@@ -103,7 +103,7 @@ class Background:
         return self.result
 
 
-def wait_for_records(out: Path, count: int, timeout: float = 30) -> None:
+def wait_for_records(out: Path, count: int, timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if len(read_records(out)) >= count if (out / "shards").is_dir() else False:

