@@ -90,8 +90,9 @@ class HoldAndRelease(Generic[T]):
         self.checking: tuple[str, str, float] | None = None
         """The check running now: (check name, server, monotonic start); for the watchdog."""
         self.progress = 0
-        """Answers held, results released, and checks passed while results waited: it stands
-        still only when the run's work does (run/watchdog.py)."""
+        """Answers held, results released, and checks that vouched for a waiting result: it
+        stands still only when the run's work does (run/watchdog.py). A check repeated while
+        results wait for another check does not count: the work is not moving."""
 
     @property
     def held(self) -> int:
@@ -124,9 +125,10 @@ class HoldAndRelease(Generic[T]):
             raise
         finally:
             self.checking = None
+        before = self._passed.get((check.name, url), -float("inf"))
         self._passed[(check.name, url)] = started
-        if self.held_of(url):
-            self.progress += 1
+        if any(h.server == url and before < h.completed_at <= started for h in self._held):
+            self.progress += 1  # it vouched for a result no earlier pass had
 
     def _waited_too_long(self, check: ServerCheck, url: str) -> str | None:
         """``hold_time`` when a result of ``url`` this check has not vouched for has waited
