@@ -288,5 +288,7 @@ def test_server_may_repeat(tokenizer_dir: str, tmp_path: Path) -> None:
         )
         assert result.returncode == 0, result.stderr
         assert result.stdout.startswith("planned 40 = written 40 + failed 0 + skipped 0 + left 0")
-        assert first.stats()["requests"] > 5 and second.stats()["requests"] > 5
+        # both URLs reached the run: each server answered (how the work splits depends on the
+        # load controller and the machine's load; test_loadcontrol tests where work goes)
+        assert first.stats()["requests"] > 0 and second.stats()["requests"] > 0
     assert cli("verify", str(out)).returncode == 0
