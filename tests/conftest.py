@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -105,6 +106,16 @@ def read_failures(run_dir: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     return [orjson.loads(line) for line in path.read_bytes().splitlines()]
+
+
+async def until(condition: Callable[[], object], bound_s: float = 60.0) -> None:
+    """Poll ``condition`` until it holds, within a generous ``bound_s`` (TimeoutError past it):
+    what a test waits for instead of a sleep standing for "enough time"."""
+    async with asyncio.timeout(bound_s):
+        while True:
+            if condition():
+                return
+            await asyncio.sleep(0.01)
 
 
 def eagledata_cmd(*args: str) -> list[str]:

@@ -135,7 +135,8 @@ def test_a_long_run_checks_often_and_every_check_passes(tokenizer_dir: str, tmp_
         changed = threading.Event()
 
         def change_version_mid_run() -> None:
-            deadline = time.monotonic() + 30
+            # 120 answers of 0.1 s, four at a time, are left after the first 40: seconds
+            deadline = time.monotonic() + 120  # generous: the baseline comes first
             while len(read_records(out)) < 40 and time.monotonic() < deadline:
                 time.sleep(0.01)
             sim.control(version="0.5.9.post1")  # /server_info changes: a canary is due
@@ -190,7 +191,9 @@ def test_silent_degradation_mid_run_stops_with_nothing_degraded_landing(
     tokenizer_dir: str, tmp_path: Path
 ) -> None:
     out = tmp_path / "run"
-    with SimServerThread(sim_config(tokenizer_dir, latency_s=0.03, **NOISY)) as sim:
+    # 0.1 s answers, four at a time: seconds of work are left when the first 10 have landed,
+    # so the degradation comes mid-run however busy the machine
+    with SimServerThread(sim_config(tokenizer_dir, latency_s=0.1, **NOISY)) as sim:
         config = canary_config(
             sim.url,
             out,
@@ -201,7 +204,7 @@ def test_silent_degradation_mid_run_stops_with_nothing_degraded_landing(
         switched = threading.Event()
 
         def degrade_after_some_work() -> None:
-            deadline = time.monotonic() + 30
+            deadline = time.monotonic() + 120  # generous: the baseline comes first
             while len(read_records(out)) < 10 and time.monotonic() < deadline:
                 time.sleep(0.005)
             sim.control(degraded=True)  # still reports bf16 everywhere
@@ -522,14 +525,15 @@ def test_a_server_restarted_degraded_is_caught_by_the_reconnect_check(
 ) -> None:
     """The KV guard passes the restarted server (bf16 everywhere); the canary that runs after
     every reconnect refuses it before anything it produced lands."""
-    first = SimServerThread(sim_config(tokenizer_dir, latency_s=0.05, **NOISY)).start()
+    # 0.2 s answers: the run is far from its end when the test restarts the server
+    first = SimServerThread(sim_config(tokenizer_dir, latency_s=0.2, **NOISY)).start()
     port = first.port
     out = tmp_path / "run"
     config = canary_config(
         first.url,
         out,
         generation={"samples_per_prompt": 4},
-        server={"guard_interval_s": 0.1, "guard_max_held": 1000},
+        server={"guard_interval_s": 0.1, "guard_max_held": 1000, "down_deadline_s": 120},
         run={"concurrency": 4},
     )
     outcome: list[BaseException | None] = []
@@ -545,15 +549,15 @@ def test_a_server_restarted_degraded_is_caught_by_the_reconnect_check(
     worker.start()
     second = None
     try:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 120  # generous: the baseline comes first
         while len(read_records(out)) < 10 and time.monotonic() < deadline:
             time.sleep(0.005)
         first.stop()
-        time.sleep(0.3)
+        time.sleep(0.3)  # down for a while (how long does not matter: under the deadline)
         second = SimServerThread(
             sim_config(tokenizer_dir, latency_s=0.05, degraded=True, **NOISY), port=port
         ).start()
-        worker.join(timeout=60)
+        worker.join(timeout=120)
         produced = set(second.stats()["answers"]["degraded"])
     finally:
         first.stop()

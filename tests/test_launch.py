@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import shlex
 import socket
@@ -161,9 +162,24 @@ def test_extra_arguments_come_last_and_are_quoted() -> None:
     assert format_command(command).endswith("--served-model-name 'kimi k2.5'")
 
 
-def test_bf16_overrides_are_accepted() -> None:
-    build(profile("kimi-k25-tp8"), ["--kv-cache-dtype", "bfloat16"])
-    build(profile("kimi-k25-tp8"), ["--kv-cache-dtype=bf16"])
+def sglang_reads(command: list[str]) -> str:
+    """The ``--kv-cache-dtype`` argparse ends with: the last one given. (SGLang's own parser reads
+    every profile of every release it claims in tests/test_sglang_releases.py.)"""
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    parser.add_argument("--kv-cache-dtype")
+    known, _ = parser.parse_known_args(command[1:])
+    return str(known.kv_cache_dtype)
+
+
+@pytest.mark.parametrize(
+    ("extra", "dtype"),
+    [(["--kv-cache-dtype", "bfloat16"], "bfloat16"), (["--kv-cache-dtype=bf16"], "bf16")],
+)
+def test_bf16_overrides_are_accepted(extra: list[str], dtype: str) -> None:
+    base = build(profile("kimi-k25-tp8"))
+    command = build(profile("kimi-k25-tp8"), extra)
+    assert command == [*base, *extra]  # the override reaches the command as given, last
+    assert sglang_reads(command) == dtype  # and SGLang ends with it: bf16 either way
 
 
 # --- refusals -------------------------------------------------------------------------------
@@ -219,7 +235,10 @@ def test_kv_quantizing_or_hiding_flags_are_refused(extra: list[str], start: str)
 
 
 def test_weight_quantization_is_not_kv_quantization() -> None:
-    check_server_args(["--kv-cache-dtype", "bf16", "--quantization", "compressed-tensors"])
+    extra = ["--quantization", "compressed-tensors"]
+    command = build(profile("kimi-k25-tp8"), extra)
+    assert command[-2:] == extra  # the weights' quantization reaches the command...
+    assert sglang_reads(command) == "bf16"  # ...and the KV cache stays bf16
 
 
 def test_argv_without_a_kv_dtype_is_refused() -> None:

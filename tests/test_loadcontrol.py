@@ -10,7 +10,7 @@ import httpx
 import orjson
 import pytest
 
-from conftest import SAMPLES, make_config, read_failures, read_records, sim_config
+from conftest import SAMPLES, make_config, read_failures, read_records, sim_config, until
 from eagledata.capacity.controller import Lane, LaneSample, Ticket, fallback_concurrency
 from eagledata.capacity.controller_settings import ControllerSettings
 from eagledata.capacity.lengths import LengthModel, kaplan_meier
@@ -348,11 +348,24 @@ def test_no_signal_at_all_falls_back_once_and_the_run_completes(
                     note=notes.append,
                 )
                 control.add_server(ServerPlan(sim.url, None, None))
+                polled = asyncio.Event()
+                read_load = client.read_load
+
+                async def noted(url: str) -> Any:
+                    try:
+                        return await read_load(url)
+                    finally:
+                        polled.set()
+
+                client.read_load = noted  # type: ignore[method-assign]
                 task = asyncio.create_task(control.run())
-                async with asyncio.timeout(5):
+                async with asyncio.timeout(60):  # generous: the first poll admits it
                     ticket = await control.acquire(100)
                 control.release(ticket, completion_tokens=50)
-                await asyncio.sleep(0.1)
+                async with asyncio.timeout(60):  # five more polls find no signal: said once
+                    for _ in range(5):
+                        polled.clear()
+                        await polled.wait()
                 task.cancel()
                 return control
 
@@ -485,9 +498,10 @@ def test_the_controller_backs_off_on_a_real_retraction_and_a_503(tokenizer_dir: 
                 control.add_server(ServerPlan(sim.url, None, None))
                 task = asyncio.create_task(control.run())
                 await flood()
-                await asyncio.sleep(0.1)
+                lane = control.lanes[sim.url][0]
+                await until(lambda: lane.target.retractions)  # the next poll reads the counter
                 task.cancel()
-                return control.lanes[sim.url][0]
+                return lane
 
         gate = asyncio.run(watch())
     assert gate.target.retractions >= 1
@@ -499,10 +513,11 @@ def test_the_controller_backs_off_on_a_real_retraction_and_a_503(tokenizer_dir: 
 def test_an_answer_that_ends_opens_the_gate_before_the_next_poll(tokenizer_dir: str) -> None:
     """The server frees an answer's KV before it replies, while its last sample still counts
     it: the request waiting for that room must not wait for the next poll to get in."""
-    # The answer (100 tokens, ~7.7 modelled s) lasts ~2.7 s here, so the poll at 2 s samples the
-    # pool while it runs, and the next poll is not due until 4 s.
-    poll = 2.0
-    config = engine(tokenizer_dir, output_len_mean=100.0, output_len_spread=0.0, time_scale=0.34)
+    # The answer (100 tokens, ~7.7 modelled s) lasts ~5.5 s here, so the poll at 4 s samples the
+    # pool while it runs, and the next poll is not due until 8 s: the gate must open within a
+    # second of the answer's end (a second for one local sample, on a busy machine).
+    poll = 4.0
+    config = engine(tokenizer_dir, output_len_mean=100.0, output_len_spread=0.0, time_scale=0.71)
     with SimServerThread(config) as sim:
 
         async def run() -> float:
@@ -513,11 +528,12 @@ def test_an_answer_that_ends_opens_the_gate_before_the_next_poll(tokenizer_dir: 
                 )
                 control.add_server(ServerPlan(sim.url, None, None))
                 task = asyncio.create_task(control.run())
-                await asyncio.sleep(0.1)  # the first sample: the pool is 2,500 tokens
+                lane = control.lanes[sim.url][0]
+                await until(lambda: lane.sample is not None)  # the first: a 2,500-token pool
                 # A short request stays in flight throughout (an empty lane admits anything).
-                async with asyncio.timeout(2):
+                async with asyncio.timeout(60):
                     await control.acquire(100)
-                async with asyncio.timeout(2):
+                async with asyncio.timeout(60):
                     first = await control.acquire(1200)
                 # Two of 1,200 + 256 do not fit within 0.85 of the pool: this one waits.
                 second = asyncio.create_task(control.acquire(1200))
@@ -537,7 +553,7 @@ def test_an_answer_that_ends_opens_the_gate_before_the_next_poll(tokenizer_dir: 
                 return waited
 
         waited = asyncio.run(run())
-    assert waited < poll / 4  # the next poll was ~1.1 s away
+    assert waited < poll / 4  # the next poll was ~2.5 s away
 
 
 def test_a_server_that_shrinks_its_pool_is_followed(tokenizer_dir: str, tmp_path: Path) -> None:
@@ -555,12 +571,13 @@ def test_a_server_that_shrinks_its_pool_is_followed(tokenizer_dir: str, tmp_path
                 )
                 control.add_server(ServerPlan(sim.url, None, None))
                 task = asyncio.create_task(control.run())
-                await asyncio.sleep(0.1)
-                before = control.lanes[sim.url][0].pool_tokens
+                lane = control.lanes[sim.url][0]
+                await until(lambda: lane.sample is not None)  # the first poll
+                before = lane.pool_tokens
                 sim.control(max_total_num_tokens=5000)  # restarted with a smaller pool
-                await asyncio.sleep(0.1)
+                await until(lambda: lane.pool_tokens != before)  # a later poll
                 task.cancel()
-                return before, control.lanes[sim.url][0].pool_tokens
+                return before, lane.pool_tokens
 
         before, after = asyncio.run(watch())
         assert (before, after) == (12_000, 5000)
@@ -639,7 +656,13 @@ def test_the_engine_retracts_the_youngest_and_they_keep_their_output(tokenizer_d
         async with httpx.AsyncClient(timeout=60) as http:
 
             async def one(index: int) -> dict[str, Any]:
-                await asyncio.sleep(0.05 * index)
+                # in order: each once the server has taken the ones before it (its own count),
+                # at least 0.05 s later, so that the older ones have more output
+                while index:
+                    if (await http.get(url + "/_sim/stats")).json()["requests"] >= index:
+                        await asyncio.sleep(0.05)
+                        break
+                    await asyncio.sleep(0.01)
                 body = {
                     "input_ids": list(range(20 + index, 120 + index)),
                     "sampling_params": {"max_new_tokens": 512},

@@ -120,10 +120,24 @@ class Background:
 
 
 def wait_for_records(out: Path, count: int) -> None:
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 60  # generous: a few seconds on a busy machine
     while not (out / "shards").is_dir() or len(read_records(out)) < count:
         assert time.monotonic() < deadline, f"fewer than {count} records"
         time.sleep(0.01)
+
+
+def wait_for_healthy_workers(url: str, count: int) -> None:
+    """Until the router itself (``GET /workers``) marks ``count`` workers healthy."""
+    deadline = time.monotonic() + 60  # generous: its health check runs every second
+    while True:
+        try:
+            workers = httpx.get(url + "/workers", timeout=5).json()["workers"]
+            if sum(1 for worker in workers if worker.get("is_healthy")) == count:
+                return
+        except (httpx.HTTPError, ValueError, KeyError, TypeError):
+            pass
+        assert time.monotonic() < deadline, f"the router never counted {count} healthy workers"
+        time.sleep(0.05)
 
 
 def checks(out: Path) -> list[dict[str, Any]]:
@@ -239,8 +253,10 @@ def test_a_worker_switched_to_fp8_mid_run_lands_nothing_it_made(
 def test_a_dead_worker_behind_the_router_loses_nothing(
     tokenizer_dir: str, prompt_tokenizer: Any, tmp_path: Path
 ) -> None:
-    steady = SimServerThread(sim_config(tokenizer_dir, latency_s=0.03)).start()
-    doomed = SimServerThread(sim_config(tokenizer_dir, latency_s=0.03)).start()
+    # 0.25 s answers: the run is still going when the test stops a worker (80 answers, 8 at a
+    # time: seconds of work are left after the first 10)
+    steady = SimServerThread(sim_config(tokenizer_dir, latency_s=0.25)).start()
+    doomed = SimServerThread(sim_config(tokenizer_dir, latency_s=0.25)).start()
     try:
         with router([steady, doomed], tmp_path) as url:
             out = tmp_path / "run"
@@ -274,7 +290,8 @@ def test_a_restart_of_the_only_worker_behind_the_router_fails_nothing(
 ) -> None:
     """The router answers 500/503 to everything while its worker is gone, and 200 to /health:
     items must wait for the worker, not burn their attempts and land in the failure file."""
-    worker = SimServerThread(sim_config(tokenizer_dir, latency_s=0.03)).start()
+    # 0.25 s answers: the run is still going when the test stops the worker
+    worker = SimServerThread(sim_config(tokenizer_dir, latency_s=0.25)).start()
     port = worker.port
     try:
         with router([worker], tmp_path) as url:
@@ -288,7 +305,8 @@ def test_a_restart_of_the_only_worker_behind_the_router_fails_nothing(
             run = Background(lambda: pipeline.generate(config, DATASET, None, progress=False))
             wait_for_records(out, 10)
             worker.stop()
-            time.sleep(1.5)
+            # the router has seen it gone (and answers 500/503 to everything), whenever that is
+            wait_for_healthy_workers(url, 0)
             worker = SimServerThread(sim_config(tokenizer_dir, latency_s=0.03), port=port).start()
             error = run.join()
     finally:

@@ -220,18 +220,27 @@ def test_context_and_input_limits() -> None:
 # --- capacity, queue, abort -----------------------------------------------------------------
 
 
-async def _post_many(url: str, bodies: list[dict[str, Any]], then: Any = None) -> list[Any]:
-    async with httpx.AsyncClient(base_url=url, timeout=10) as c:
+async def _post_many(
+    url: str, bodies: list[dict[str, Any]], then: Any = None, *, in_server: int = 0
+) -> list[Any]:
+    """Post ``bodies`` at once; once ``in_server`` of them are in the server (its own count),
+    run ``then``. The bodies' answers, then what ``then`` returned."""
+    async with httpx.AsyncClient(base_url=url, timeout=30) as c:
         tasks = [asyncio.ensure_future(c.post("/generate", json=b)) for b in bodies]
         extra = None
         if then is not None:
-            await asyncio.sleep(0.15)
+            async with asyncio.timeout(30):  # generous: they arrive within milliseconds
+                while True:
+                    stats = (await c.get("/_sim/stats")).json()
+                    if stats["in_flight"] >= in_server:
+                        break
+                    await asyncio.sleep(0.01)
             extra = await then(c)
         return [*(await asyncio.gather(*tasks)), extra]
 
 
 def test_kv_pool_queues_and_queue_full_gives_503() -> None:
-    config = dict(latency_s=0.4, max_total_num_tokens=200, max_queued_requests=1)
+    config = dict(latency_s=1.0, max_total_num_tokens=200, max_queued_requests=1)
     body = {"input_ids": [30] * 100, "sampling_params": {"max_new_tokens": 50}}
     with fresh(**config) as sim:
 
@@ -239,7 +248,8 @@ def test_kv_pool_queues_and_queue_full_gives_503() -> None:
             return (await c.get("/get_load")).json()
 
         start = time.monotonic()
-        *responses, snapshot = asyncio.run(_post_many(sim.url, [body] * 3, load))
+        # one runs, one waits, the third finds the queue full (while the first still runs)
+        *responses, snapshot = asyncio.run(_post_many(sim.url, [body] * 3, load, in_server=2))
         codes = sorted(r.status_code for r in responses)
         assert codes == [200, 200, 503]
         full = next(r for r in responses if r.status_code == 503).json()
@@ -251,12 +261,12 @@ def test_kv_pool_queues_and_queue_full_gives_503() -> None:
             "code": 503,
         }
         assert snapshot[0]["num_waiting_reqs"] == 1 and snapshot[0]["num_reqs"] == 2
-        assert time.monotonic() - start >= 0.8  # the second one waited for the first
+        assert time.monotonic() - start >= 2.0  # the second one waited for the first
         assert sim.stats()["outcomes"]["queue_full"] == 1
 
 
 def test_abort_request_aborts_every_rid_with_that_prefix() -> None:
-    with fresh(latency_s=0.6) as sim:
+    with fresh(latency_s=3.0) as sim:  # long enough to be aborted half-way on a busy machine
         params = {"max_new_tokens": 50, "ignore_eos": True}
         bodies = [
             {"input_ids": prompt(i), "sampling_params": params, "rid": rid}
@@ -264,11 +274,14 @@ def test_abort_request_aborts_every_rid_with_that_prefix() -> None:
         ]
 
         async def abort(c: httpx.AsyncClient) -> Any:
+            # The simulator's output grows with the time since admission: 0.3 s is at least a
+            # few tokens (a busy machine only makes it more), and 2.7 s short of the end.
+            await asyncio.sleep(0.3)
             missing = await c.post("/abort_request", json={"rid": "job"})  # not in flight
             hit = await c.post("/abort_request", json={"rid": "job1"})
             return missing.status_code, hit.status_code, hit.content
 
-        *responses, outcome = asyncio.run(_post_many(sim.url, bodies, abort))
+        *responses, outcome = asyncio.run(_post_many(sim.url, bodies, abort, in_server=3))
         assert outcome == (200, 200, b"")
         job1, job12, job2 = (r.json() for r in responses)
         for aborted in (job1, job12):
@@ -280,12 +293,13 @@ def test_abort_request_aborts_every_rid_with_that_prefix() -> None:
 
 
 def test_flush_cache_refused_while_running() -> None:
-    with fresh(latency_s=0.4) as sim:
+    with fresh(latency_s=3.0) as sim:
 
         async def flush(c: httpx.AsyncClient) -> int:
             return (await c.post("/flush_cache")).status_code
 
-        *_, during = asyncio.run(_post_many(sim.url, [{"input_ids": [20, 21]}], flush))
+        body = {"input_ids": [20, 21]}
+        *_, during = asyncio.run(_post_many(sim.url, [body], flush, in_server=1))
         assert during == 400
         assert httpx.get(sim.url + "/flush_cache").status_code == 200
 
@@ -406,10 +420,12 @@ def test_model_info_models_load_and_metrics(client: httpx.Client) -> None:
 
 
 def test_health_is_503_during_startup_and_when_unhealthy() -> None:
-    with fresh(startup_s=0.3) as sim, httpx.Client(base_url=sim.url) as c:
+    # A start-up that lasts as long as the test needs; shortening it ends it (the window runs
+    # from the server's start): no sleep has to outlast it.
+    with fresh(startup_s=3600) as sim, httpx.Client(base_url=sim.url) as c:
         early = c.get("/health")
         assert early.status_code == 503 and early.content == b""
-        time.sleep(0.35)
+        sim.control(startup_s=0.01)
         assert c.get("/health").status_code == 200
         assert c.get("/health_generate").content == b""
         assert c.post("/_sim/control", json={"healthy": False}).json()["healthy"] is False
@@ -450,6 +466,22 @@ def test_each_fault_happens_at_rate_one() -> None:
     for kind in ("fail_500", "fail_503", "reset", "fault_abort", "bad_count", "stream_error"):
         assert outcomes[kind] == 1, kind
     assert outcomes["stall"] == 1
+
+
+def test_a_server_can_degrade_by_itself_after_a_number_of_generations() -> None:
+    """``degrade_after_generations``: the first N requests for new tokens are answered healthy,
+    every request after them degraded (still bf16 everywhere); prefill-only requests (the
+    canary's warm-ups and scorings) do not count towards N."""
+    with fresh(degrade_after_generations=2) as sim, httpx.Client(base_url=sim.url) as c:
+        rids = []
+        for index, max_new in enumerate([5, 0, 5, 5, 0]):
+            rid = f"r{index}"
+            body = {"input_ids": prompt(index), "sampling_params": {"max_new_tokens": max_new}}
+            assert gen(c, **body, rid=rid).is_success
+            rids.append(rid)
+        degraded = set(sim.stats()["answers"]["degraded"])
+        assert c.get("/server_info").json()["kv_cache_dtype"] == "bf16"
+    assert degraded == {"r3", "r4"}
 
 
 def test_fault_draws_are_reproducible() -> None:

@@ -181,6 +181,12 @@ class ServerSettings(Strict):
     )
     guard_interval_s: float = Field(60.0, gt=0)
     guard_max_held: int = Field(256, ge=1)
+    guard_max_hold_s: float = Field(
+        300.0,
+        gt=0,
+        description="A check of a server is due once one of its results has waited this long: "
+        "a crash loses at most this window of answers",
+    )
     down_deadline_s: float = Field(1800.0, ge=0)
     max_attempts: int = Field(5, ge=1)
     backoff_base_s: float = Field(1.0, ge=0)
@@ -205,6 +211,12 @@ class RunSettings(Strict):
     )
     limit: int | None = Field(None, ge=1)
     fsync_interval_s: float = Field(1.0, ge=0)
+    watchdog_s: float | None = Field(
+        None,
+        gt=0,
+        description="Seconds without progress (no answer, record or check) before a run writes "
+        "a task dump and says where it waits; unset: derived from [server] (run/watchdog.py)",
+    )
 
     @field_validator("concurrency", mode="before")
     @classmethod

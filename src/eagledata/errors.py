@@ -67,6 +67,11 @@ class CanaryDriftError(ServerRefusedError):
     """The logprob canary says a server no longer computes what the baseline did (quality/)."""
 
 
+class BaselineChangedError(ServerRefusedError):
+    """The server changed while the canary's baseline was being measured: the baseline would
+    have learned the change as noise, so it is refused (quality/canary_selfcheck.py)."""
+
+
 class RunDirError(EagledataError):
     """The run directory cannot be used: other schema, changed settings, locked, unwritable."""
 

@@ -28,8 +28,10 @@ abandoned: set[asyncio.Task[Any]] = set()
 """Tasks a scope gave up on: ``run_until_done`` does not wait for them at shutdown."""
 
 
-def task_stacks(tasks: set[asyncio.Task[Any]] | None = None, limit: int = 16) -> str:
-    """Every task's name, state and stack, as text (what a dump file or SIGUSR1 shows)."""
+def task_stacks(tasks: set[asyncio.Task[Any]] | None = None, limit: int = 32) -> str:
+    """Every task's name, state and where it waits, as text (what a dump file or SIGUSR1
+    shows): the chain of coroutines it awaits, outermost first, down to the future it waits on
+    (``Task.print_stack`` shows only the outermost frame of a suspended task)."""
     out = io.StringIO()
     try:
         current = asyncio.all_tasks() if tasks is None else tasks
@@ -38,8 +40,28 @@ def task_stacks(tasks: set[asyncio.Task[Any]] | None = None, limit: int = 16) ->
     for task in sorted(current, key=lambda t: t.get_name()):
         state = "cancelling" if task.cancelling() else "running"
         out.write(f"--- task {task.get_name()} ({state})\n")
-        task.print_stack(limit=limit, file=out)
+        out.writelines(f"{line}\n" for line in await_chain(task.get_coro(), limit))
     return out.getvalue()
+
+
+def await_chain(coro: object, limit: int = 32) -> list[str]:
+    """The frames of ``coro`` and of what it awaits, outermost first, then the awaited future."""
+    lines: list[str] = []
+    while coro is not None and len(lines) < limit:
+        frame = getattr(coro, "cr_frame", None) or getattr(coro, "ag_frame", None)
+        frame = frame or getattr(coro, "gi_frame", None)
+        if frame is None:  # a future (its iterator says no more), or a finished coroutine
+            what = "a future" if type(coro).__name__ == "FutureIter" else repr(coro)[:300]
+            lines.append(f"  waiting on {what}")
+            break
+        code = frame.f_code
+        lines.append(f'  File "{code.co_filename}", line {frame.f_lineno}, in {code.co_name}')
+        coro = (
+            getattr(coro, "cr_await", None)
+            or getattr(coro, "ag_await", None)
+            or getattr(coro, "gi_yieldfrom", None)
+        )
+    return lines
 
 
 class TaskScope:

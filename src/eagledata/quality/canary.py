@@ -29,10 +29,16 @@ from collections.abc import Callable, Sequence
 from typing import Literal, Protocol
 
 from eagledata.config import CanarySettings
-from eagledata.errors import CanaryDriftError, ServerError, ServerUnavailableError
+from eagledata.errors import (
+    BaselineChangedError,
+    CanaryDriftError,
+    ServerError,
+    ServerUnavailableError,
+)
 from eagledata.quality.canary_baseline import Baseline, rules_of
 from eagledata.quality.canary_ranks import RankShare, RankVerdict, rank_shares, rank_verdicts
 from eagledata.quality.canary_scorer import CanaryScorer, Measured
+from eagledata.quality.canary_selfcheck import self_check
 from eagledata.quality.canary_stats import compare, fired, hard_stop
 from eagledata.rundir.lines import QualityLine, RankLine
 
@@ -50,7 +56,8 @@ async def build_baseline(
     model_path: str | None,
     ledger: LineLog | None,
 ) -> Baseline:
-    """Sample the references on a trusted server, then score them idle and under load."""
+    """Sample the references on a trusted server, then score them idle and under load; refuse
+    the baseline (``BaselineChangedError``) if its scorings show the server changed meanwhile."""
     canary = await scorer.sample_set(
         url,
         prompts,
@@ -79,6 +86,8 @@ async def build_baseline(
     baseline = Baseline(
         canary, [m.scoring for m in runs], kinds, rules_of(settings), model_path, url
     )
+    # Did the server change while it was measured? Then the null holds the change (canary_selfcheck)
+    finding = self_check(baseline.runs, kinds, baseline.rules, canary.sampled_lps)
     if ledger is not None:
         limits = baseline.thresholds
         reference = baseline.reference
@@ -88,12 +97,17 @@ async def build_baseline(
                 url,
                 "baseline",
                 kind,
-                "pass",
+                "pass" if finding is None else "refused",
                 compare(measured.scoring, reference),
                 limits,
-                "",
+                "" if finding is None else str(finding),
                 measured,
             )
+    if finding is not None:
+        raise BaselineChangedError(
+            f"{url} changed while the canary's baseline was being measured ({finding}); "
+            "the baseline was not kept"
+        )
     return baseline
 
 

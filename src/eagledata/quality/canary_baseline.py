@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import orjson
 
 from eagledata.atomic import atomic_write
@@ -43,22 +44,30 @@ class CanarySet:
     probes: list[list[int]]
     top_k: int
     probe_tokens: int
+    sampled_lps: np.ndarray | None = None
+    """The logprob the server gave each reference token as it sampled it, references
+    concatenated (None: it returned none); the first point of the baseline's self-check."""
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "references": [{"prompt": p, "reference": r} for p, r in self.references],
             "probes": self.probes,
             "top_k": self.top_k,
             "probe_tokens": self.probe_tokens,
         }
+        if self.sampled_lps is not None:
+            out["sampled_lps"] = self.sampled_lps.astype(np.float32)
+        return out
 
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> CanarySet:
+        sampled = raw.get("sampled_lps")
         return cls(
             [(list(e["prompt"]), list(e["reference"])) for e in raw["references"]],
             [list(p) for p in raw["probes"]],
             int(raw["top_k"]),
             int(raw["probe_tokens"]),
+            None if sampled is None else np.asarray(sampled, dtype=np.float64),
         )
 
     @property
@@ -139,8 +148,12 @@ class Baseline:
                 float(raw["created_at"]),
                 [{k: float(v) for k, v in stats.items()} for stats in raw["null"]],
             )
-            if any(run.lps.shape != (baseline.canary_set.scored_tokens,) for run in runs):
+            tokens = (baseline.canary_set.scored_tokens,)
+            if any(run.lps.shape != tokens for run in runs):
                 raise ValueError("runs do not cover the references")
+            sampled = baseline.canary_set.sampled_lps
+            if sampled is not None and sampled.shape != tokens:
+                raise ValueError("sampled_lps do not cover the references")
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ConfigError(
                 f"canary baseline {path} is not a valid baseline ({exc}); {fix}"

@@ -11,7 +11,7 @@ from typing import Any
 import orjson
 
 from eagledata.config import AppConfig
-from eagledata.errors import ServerUnavailableError
+from eagledata.errors import BaselineChangedError, ServerUnavailableError
 from eagledata.quality.canary import build_baseline
 from eagledata.quality.canary_baseline import Baseline
 from eagledata.quality.canary_prompts import canary_prompts
@@ -52,14 +52,19 @@ async def _record(config: AppConfig, dataset_arg: str, mix: Mix, out: Path) -> s
             max_new_tokens=config.canary.reference_tokens,
         )
         prompts = await asyncio.to_thread(canary_prompts, config, mix, tokenizer, limit)
-        baseline = await build_baseline(
-            CanaryScorer(client, dp_ranks=guard.dp_ranks),
-            url,
-            prompts,
-            config.canary,
-            model_path=facts.model_path,
-            ledger=None,
-        )
+        try:
+            baseline = await build_baseline(
+                CanaryScorer(client, dp_ranks=guard.dp_ranks),
+                url,
+                prompts,
+                config.canary,
+                model_path=facts.model_path,
+                ledger=None,
+            )
+        except BaselineChangedError as error:
+            raise BaselineChangedError(
+                f"{error}: check the server, then record the baseline again"
+            ) from None
     baseline.save(out)
     limits = ", ".join(f"{name} {value:.4g}" for name, value in baseline.thresholds.items())
     return (

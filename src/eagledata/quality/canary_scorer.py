@@ -80,7 +80,10 @@ class CanaryScorer:
         probe_tokens: int,
         top_k: int,
     ) -> CanarySet:
-        """Reference continuations sampled at temperature 1 (the model's own distribution)."""
+        """Reference continuations sampled at temperature 1 (the model's own distribution),
+        with the logprob the server gave each token as it sampled it (at temperature 1 and
+        top_p 1 the raw ``log_softmax``: what a teacher-forced scoring of the same token
+        reads), kept only when every reference came back with them."""
         counter = Measured(Scoring(np.zeros(0), np.zeros((0, 0)), np.zeros((0, 0))))
         params = {
             "max_new_tokens": reference_tokens,
@@ -89,17 +92,24 @@ class CanaryScorer:
             "ignore_eos": True,
         }
 
-        async def one(prompt: list[int]) -> tuple[list[int], list[int]]:
-            answer = await self._post(
-                url, {"input_ids": prompt, "sampling_params": params}, counter
-            )
+        async def one(prompt: list[int]) -> tuple[list[int], list[int], np.ndarray | None]:
+            body = {"input_ids": prompt, "sampling_params": params, "return_logprob": True}
+            answer = await self._post(url, body, counter)
             ids = answer.get("output_ids")
             if not isinstance(ids, list) or len(ids) < 2:
                 raise ServerError(f"{url}: a canary reference came back without output ids")
-            return prompt, [int(t) for t in ids]
+            reference = [int(t) for t in ids]
+            return prompt, reference, _sampled_lps(answer, reference)
 
-        references = list(await asyncio.gather(*(one(p) for p in prompts)))
-        return CanarySet(references, [p for p in prompts[:probes]], top_k, probe_tokens)
+        sampled = list(await asyncio.gather(*(one(p) for p in prompts)))
+        lps = [lp for _, _, lp in sampled if lp is not None]
+        return CanarySet(
+            [(prompt, reference) for prompt, reference, _ in sampled],
+            [p for p in prompts[:probes]],
+            top_k,
+            probe_tokens,
+            np.concatenate(lps) if len(lps) == len(sampled) else None,
+        )
 
     async def score(self, url: str, canary: CanarySet, *, warm: bool = True) -> Measured:
         """One canary run: every reference warmed then scored, and the greedy probes. The
@@ -186,6 +196,20 @@ class CanaryScorer:
                 for task in tasks:
                     task.cancel()
         return measured
+
+
+def _sampled_lps(answer: dict[str, Any], reference: list[int]) -> np.ndarray | None:
+    """``output_token_logprobs`` of a sampled reference, one per token, or None."""
+    meta = answer.get("meta_info")
+    triples = meta.get("output_token_logprobs") if isinstance(meta, dict) else None
+    if not isinstance(triples, list) or len(triples) != len(reference):
+        return None
+    try:
+        if [int(t[1]) for t in triples] != reference:
+            return None
+        return np.asarray([float(t[0]) for t in triples], dtype=np.float64)
+    except (TypeError, ValueError, IndexError):
+        return None
 
 
 def _parse_scored(

@@ -83,7 +83,7 @@ def compare(now: Scoring, reference: Scoring, trim: float = 0.1) -> dict[str, fl
     absolute = np.sort(np.abs(delta))
     keep = max(1, round(len(absolute) * (1.0 - trim)))
     stats = {
-        "mean_shift": _trimmed_signed_mean(delta, trim / 2),
+        "mean_shift": trimmed_signed_mean(delta, trim / 2),
         "trimmed_abs": float(absolute[:keep].mean()) if len(absolute) else 0.0,
         "topk_kl": 0.0,
         "top1_flip": 0.0,
@@ -109,7 +109,7 @@ def compare(now: Scoring, reference: Scoring, trim: float = 0.1) -> dict[str, fl
     return stats
 
 
-def _trimmed_signed_mean(delta: np.ndarray, tail: float) -> float:
+def trimmed_signed_mean(delta: np.ndarray, tail: float = 0.05) -> float:
     """Mean of ``delta`` without its ``tail`` share at each end: a routing flip moves a few
     positions a lot either way and would otherwise set the noise floor; a systematic shift
     moves them all and survives the trim."""

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from eagledata.config import AppConfig
-from eagledata.errors import ConfigError
+from eagledata.errors import BaselineChangedError, ConfigError
 from eagledata.quality.canary import CanaryMonitor, LineLog, build_baseline
 from eagledata.quality.canary_baseline import Baseline
 from eagledata.quality.canary_scorer import CanaryScorer
@@ -57,9 +57,15 @@ async def load_or_record_baseline(
             "fix the dataset or run with --no-canary"
         )
     note(f"canary: recording the baseline on {url} ({len(chosen)} references)")
-    baseline = await build_baseline(
-        scorer, url, chosen, config.canary, model_path=model_path, ledger=ledger
-    )
+    try:
+        baseline = await build_baseline(
+            scorer, url, chosen, config.canary, model_path=model_path, ledger=ledger
+        )
+    except BaselineChangedError as error:
+        raise BaselineChangedError(
+            f"{error} and nothing was generated: check the server, then 'eagledata resume "
+            "RUN_DIR' records a new baseline"
+        ) from None
     baseline.save(stored)
     return baseline
 

@@ -7,6 +7,11 @@ mechanism holds for both: each check records, per server, when its last *passing
 result that completed at *t* on server *S* is released when every check's last pass on *S*
 started after *t*. A server swapped or degraded between two checks cannot slip a result in.
 
+Checks run every ``interval_s``, as soon as ``max_held`` results wait, and as soon as the oldest
+result a check has not vouched for has waited ``max_hold_s``: a result reaches the shards within
+about ``max_hold_s`` (plus a check's own time) of its completion, so a crash loses at most that
+window of answers, however short the run or slow the server.
+
 A check that refuses a server (``ServerRefusedError``: fp8, another model, canary drift) drops
 every held result, which ``resume`` generates again against a good server, and stops the run.
 A server that goes down takes its held results with it: no later check can vouch for the
@@ -49,9 +54,14 @@ class Held(Generic[T]):
     completed_at: float
 
 
+HOLD_TIME = "hold_time"
+"""The trigger of a check that is due because a result has waited ``max_hold_s``."""
+
+
 class HoldAndRelease(Generic[T]):
     """Holds results until every check of their server vouches for them, then hands them to
-    ``release``; runs the checks on a period and when ``max_held`` results wait."""
+    ``release``; runs the checks on a period, when ``max_held`` results wait, and when a result
+    has waited ``max_hold_s``."""
 
     def __init__(
         self,
@@ -60,6 +70,7 @@ class HoldAndRelease(Generic[T]):
         *,
         interval_s: float,
         max_held: int,
+        max_hold_s: float = float("inf"),
         release: Callable[[T], None],
         requeue: Callable[[T], None] | None = None,
     ) -> None:
@@ -67,6 +78,7 @@ class HoldAndRelease(Generic[T]):
         self.checks = checks
         self.interval_s = interval_s
         self.max_held = max_held
+        self.max_hold_s = max_hold_s
         self.release = release
         self.requeue = requeue
         self._held: list[Held[T]] = []
@@ -75,6 +87,14 @@ class HoldAndRelease(Generic[T]):
         self._wake = asyncio.Event()
         self._asked: str | None = None
         """A round asked for now (``request_round``): its trigger."""
+        self._due_now = False
+        """Set with ``_wake`` when ``max_held`` results wait; ``_wake`` alone: look again."""
+        self.checking: tuple[str, str, float] | None = None
+        """The check running now: (check name, server, monotonic start); for the watchdog."""
+        self.progress = 0
+        """Answers held, results released, and checks that vouched for a waiting result: it
+        stands still only when the run's work does (run/watchdog.py). A check repeated while
+        results wait for another check does not count: the work is not moving."""
 
     @property
     def held(self) -> int:
@@ -85,8 +105,16 @@ class HoldAndRelease(Generic[T]):
 
     def hold(self, payload: T, server: str, completed_at: float) -> None:
         self._held.append(Held(payload, server, completed_at))
+        self.progress += 1
         if len(self._held) >= self.max_held:
+            self._due_now = True
             self._wake.set()
+        elif len(self._held) == 1:
+            self._wake.set()  # the first result held: the loop's next wake-up may come sooner
+
+    def oldest_held_at(self) -> float | None:
+        """When the result held longest completed (monotonic), or None."""
+        return min((held.completed_at for held in self._held), default=None)
 
     def request_round(self, trigger: str) -> None:
         """Run every check now, with ``trigger``, instead of at the next period or when
@@ -98,12 +126,30 @@ class HoldAndRelease(Generic[T]):
     async def run_check(self, check: ServerCheck, url: str, trigger: str) -> None:
         """Run one check; a pass vouches for what completed on ``url`` before it started."""
         started = time.monotonic()
+        self.checking = (check.name, url, started)
         try:
             await check.check(url, trigger)
         except ServerRefusedError:
             self._held.clear()  # dropped, not failed: resume generates them again
             raise
+        finally:
+            self.checking = None
+        before = self._passed.get((check.name, url), -float("inf"))
         self._passed[(check.name, url)] = started
+        if any(h.server == url and before < h.completed_at <= started for h in self._held):
+            self.progress += 1  # it vouched for a result no earlier pass had
+
+    def _waited_too_long(self, check: ServerCheck, url: str) -> str | None:
+        """``hold_time`` when a result of ``url`` this check has not vouched for has waited
+        ``max_hold_s``."""
+        passed = self._passed.get((check.name, url))
+        limit = time.monotonic() - self.max_hold_s
+        for held in self._held:
+            if held.server != url or (passed is not None and held.completed_at <= passed):
+                continue
+            if held.completed_at <= limit:
+                return HOLD_TIME
+        return None
 
     def vouched_until(self, url: str) -> float | None:
         """The latest completion time every check of ``url`` vouches for, or None."""
@@ -126,7 +172,11 @@ class HoldAndRelease(Generic[T]):
                 continue
             try:
                 for check in self.checks:
-                    trigger = force or check.due(url, self.held_of(url))
+                    trigger = (
+                        force
+                        or check.due(url, self.held_of(url))
+                        or self._waited_too_long(check, url)
+                    )
                     if trigger is not None:
                         await self.run_check(check, url, trigger)
             except ServerUnavailableError:
@@ -140,6 +190,7 @@ class HoldAndRelease(Generic[T]):
             for held in self._held:
                 if held.server == url and held.completed_at <= until:
                     self.release(held.payload)
+                    self.progress += 1
                 else:
                     keep.append(held)
             self._held = keep
@@ -147,15 +198,28 @@ class HoldAndRelease(Generic[T]):
     async def run(self) -> None:
         """The periodic check loop; runs until cancelled by its owner's task group."""
         while True:
-            # asyncio.timeout, not wait_for: 3.11's wait_for can swallow the owner's cancel
-            # when the wake-up and the cancel race, and the run would then never end.
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.interval_s):
-                    await self._wake.wait()
-            self._wake.clear()
+            await self._sleep_until_due()
+            self._due_now = False
             asked, self._asked = self._asked, None
             await self.client.revive(self.check_reconnected)
             await self.check_and_release(force=asked)
+
+    async def _sleep_until_due(self) -> None:
+        """Until ``interval_s`` has passed, ``max_held`` results wait, or the oldest held result
+        has waited ``max_hold_s``."""
+        round_at = time.monotonic() + self.interval_s
+        while True:
+            oldest = self.oldest_held_at()
+            due_at = round_at if oldest is None else min(round_at, oldest + self.max_hold_s)
+            remaining = due_at - time.monotonic()
+            if self._due_now or self._asked is not None or remaining <= 0:
+                return
+            self._wake.clear()
+            # asyncio.timeout, not wait_for: 3.11's wait_for can swallow the owner's cancel
+            # when the wake-up and the cancel race, and the run would then never end.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(remaining):
+                    await self._wake.wait()
 
     def _give_back(self, server: str | None = None) -> None:
         """Hand the results held from ``server`` (from every server if None) to ``requeue``."""

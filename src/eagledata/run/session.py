@@ -33,6 +33,7 @@ from eagledata.run.signals import (
     write_task_dump,
 )
 from eagledata.run.turns import TurnSource
+from eagledata.run.watchdog import Watchdog, watchdog_bound, where_it_waits
 from eagledata.run.writer import FailureLog, ShardWriter
 from eagledata.rundir.journal import Journal
 from eagledata.rundir.manifest import RunDir, RunTotals, scan_totals
@@ -219,6 +220,7 @@ class Run:
             [kv_guard],
             interval_s=config.server.guard_interval_s,
             max_held=config.server.guard_max_held,
+            max_hold_s=config.server.guard_max_hold_s,
             release=lambda payload: self._release(parts, payload),
             requeue=lambda payload: self._give_back(parts, payload[0]),
         )
@@ -304,13 +306,14 @@ class Run:
         with stop_on_signals(scheduler, parts.bar, self._on_stop):
             while True:
                 try:
-                    # The checks and the controller run until the work is done; then they are
-                    # cancelled and awaited within a bound (tasks.py).
+                    # The checks, the controller and the watchdog run until the work is done;
+                    # then they are cancelled and awaited within a bound (tasks.py).
                     async with TaskScope(
                         shutdown_s=TASK_SHUTDOWN_S, on_stuck=self._report_stuck
                     ) as scope:
                         scope.create_task(parts.holder.run(), name="checks")
                         scope.create_task(parts.controller.run(), name="load-controller")
+                        scope.create_task(self._watchdog(parts).run(), name="watchdog")
                         await scheduler.run(source, handle)
                 except BaseExceptionGroup as group_error:
                     raise first_fatal(group_error) from None
@@ -361,6 +364,27 @@ class Run:
         anything else once this pass of the plan is done."""
         if self.turns is None or not self.turns.given_back(item):
             parts.redo.append(item)
+
+    def _watchdog(self, parts: SessionParts) -> Watchdog:
+        """Says where the run waits when it stops progressing (run/watchdog.py)."""
+        bound = watchdog_bound(self.config)
+        holder = parts.holder
+
+        def report(idle_s: float, where: str) -> None:
+            dump = write_task_dump(self.run_dir.path, "stalled")
+            stacks = f"; every task's stack is in {dump}" if dump is not None else ""
+            parts.bar.note(
+                f"warning: no progress for {idle_s:.0f} s (no answer, record or check; the "
+                f"watchdog's bound is {bound:g} s): waiting on {where}{stacks}; the run goes on "
+                f"(Ctrl-C stops it, 'eagledata resume {self.run_dir.path}' continues it)"
+            )
+
+        return Watchdog(
+            bound,
+            progress=lambda: (holder.progress, self.counts.failures, self.counts.records),
+            where=lambda: where_it_waits(parts.client, holder, parts.scheduler.stats.in_flight),
+            report=report,
+        )
 
     def _sender(self, parts: SessionParts) -> ItemSender:
         server = self.config.server

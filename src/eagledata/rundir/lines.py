@@ -375,9 +375,12 @@ class QualityLine(Line):
     kind: Literal["baseline", "check"] = Field(description="`baseline` or `check`")
     trigger: str = Field(
         description="baseline: `idle` or `load`; check: `start`, `period`, `reconnect`, "
-        "`server_info`, `held`, `end` or `rerun`"
+        "`server_info`, `held`, `hold_time`, `end` or `rerun`"
     )
-    verdict: str = Field(description="`pass`, `fired`, `drift`, `mismatch` or `error`")
+    verdict: str = Field(
+        description="`pass`, `fired`, `drift`, `mismatch` or `error`; a baseline's: `pass` or "
+        "`refused` (the server changed while it was measured)"
+    )
     stats: dict[str, float] = Field(description="the statistics against the baseline")
     thresholds: dict[str, float] = Field(description="one threshold per statistic")
     reason: str = Field(default="", description="what fired, or the error")

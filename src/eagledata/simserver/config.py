@@ -188,6 +188,10 @@ class SimConfig(BaseModel):
     degraded_dp_ranks: list[int] = Field(default_factory=list)
     """The same, on these DP ranks only (a fault in one rank's kernels or memory; ``degraded``
     is every rank)."""
+    degrade_after_generations: int | None = Field(default=None, ge=0)
+    """A silent degradation that starts by itself: once the server has taken this many
+    generations (requests for at least one new token; prefill-only scorings do not count),
+    every later request is answered as ``degraded`` would (reporting bf16 all along)."""
     degrade_shift: float = Field(default=0.05, ge=0.0)
     degrade_sigma: float = Field(default=0.05, ge=0.0)
 
@@ -206,9 +210,14 @@ class SimConfig(BaseModel):
 
     # --- derived ------------------------------------------------------------------------------
 
-    def degraded_on(self, rank: int) -> bool:
-        """Is a request on this DP rank silently degraded?"""
-        return self.degraded or rank in self.degraded_dp_ranks
+    def degraded_on(self, rank: int, generations: int = 0) -> bool:
+        """Is a request on this DP rank silently degraded, ``generations`` taken before it?"""
+        after = self.degrade_after_generations
+        return (
+            self.degraded
+            or rank in self.degraded_dp_ranks
+            or (after is not None and generations >= after)
+        )
 
     def effective_kv_dtype(self) -> str:
         """The KV dtype the scheduler really uses (``internal_states[i].kv_cache_dtype``)."""

@@ -182,8 +182,10 @@ def parse_generate(obj: Any, state: SimState) -> Parsed:
     wants = parse_logprob_requests(obj, prompts, config.version_tuple(), config.logprobs_supported)
     metas: list[dict[str, Any] | None] = []
     taken: list[tuple[bytes, list[int]]] = []
-    degraded = config.degraded_on(rank)
     for ids, spec, max_new, want in zip(prompts, specs, budgets, wants, strict=True):
+        degraded = config.degraded_on(rank, state.generations)
+        if max_new > 0:
+            state.generations += n
         digest = prompt_digest(ids)
         digests.append(digest + spec.sampling_key)
         repeat = any(digest == seen for seen, _ in taken)  # the same prompt earlier in the batch

@@ -37,6 +37,8 @@ class SimState:
     noise_rng: np.random.Generator = field(default_factory=np.random.default_rng)
     """Batch noise is not reproducible on a real server either: seeded from the OS."""
     spec_tally: SpecTally = field(default_factory=SpecTally)
+    generations: int = 0
+    """Requests for at least one new token taken so far (``degrade_after_generations``)."""
 
     def prefix_cache(self, rank: int) -> PrefixCache:
         return self.prefix_caches.setdefault(rank, PrefixCache())
