@@ -110,7 +110,7 @@ def test_status_json_holds_the_documented_keys(finished: Path) -> None:
     )
     assert status["output_tokens"] > 0
     # a run of a second is too short to rate (rundir/rates.py): no figure, its active time
-    assert status["tok_s"]["overall"] is None and status["tok_s"]["active_s"] >= 0
+    assert status["tok_s"]["overall"] is None and isinstance(status["tok_s"]["active_s"], float)
     assert set(status["quality"]) == {"flags", "canary"}
     assert sum(status["finish_reasons"].values()) == 3
     assert sum(status["failure_reasons"].values()) == 12
