@@ -182,19 +182,29 @@ def plan(
             "--server, else the drafter card's (unverified)"
         ),
     ] = None,
+    rig: Annotated[
+        str | None,
+        typer.Option(
+            metavar="NAME",
+            help="The GPUs to plan for, from configs/rigs.toml (rtx-pro-6000x8, the reference, "
+            "by default; also h100x8, h100x16, h200x8, b200x8)",
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object, for scripts")] = False,
 ) -> None:
-    """Compare profiles side by side: KV tokens, concurrency, tok/s, wall clock."""
+    """Compare profiles side by side on a rig: KV tokens, concurrency, tok/s, wall clock."""
     import httpx
 
     from eagledata.capacity import REFERENCE_WORKLOAD, render_plan_table
-    from eagledata.capacity.planning import build_plan, measure_workload
+    from eagledata.capacity.planning import build_plan, measure_workload, profiles_for
     from eagledata.profiles.profile import load_profiles
+    from eagledata.profiles.rigs import get_rig, reference_rig
     from eagledata.server.launch import fetch_server_info
     from eagledata.server.serverfacts import ServerFacts
     from eagledata.source.mix import resolve_mix
 
     def build() -> str:
+        target = get_rig(rig) if rig is not None else reference_rig()
         if dataset:
             app_config = load_app_config(config, {"generation.turns": turns})
             workload = measure_workload(
@@ -218,14 +228,17 @@ def plan(
                 info = fetch_server_info(http, url.rstrip("/"), settings.api_key_env)
                 live.append((url, ServerFacts.from_server_info(info)))
         profiles = load_profiles(profile, profiles_dir)
-        rows = build_plan(profiles, workload, live, accept_length=accept_length)
+        # the profiles named are planned whatever rigs they are written for
+        planned, elsewhere = (profiles, []) if profile else profiles_for(target, profiles)
+        rows = build_plan(planned, workload, live, accept_length=accept_length, rig=target)
         if as_json:
             import json
 
             from eagledata.capacity.plan_json import plan_document
 
-            return json.dumps(plan_document(rows, workload), indent=1)
-        return render_plan_table(rows, workload=workload)
+            document = plan_document(rows, workload, rig=target, elsewhere=elsewhere)
+            return json.dumps(document, indent=1)
+        return render_plan_table(rows, workload=workload, rig=target, elsewhere=elsewhere)
 
     typer.echo(guarded(build))
 
