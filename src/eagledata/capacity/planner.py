@@ -335,8 +335,11 @@ def plan_profile(
     )
     if not placement.fits:
         return _misfit_row(row, placement.misfit)
-    if placement.notes:
+    if placement.notes and row.starts:
         row = row.model_copy(update={"notes": [*placement.notes, *row.notes]})
+    elif placement.servers > 1 and row.notes:  # why it does not start, for each server
+        each = f"each of its {placement.servers} servers of {profile.gpus} GPUs: {row.notes[0]}"
+        row = row.model_copy(update={"notes": [each, *row.notes[1:]]})
     if spec is None or not row.starts:
         return row
     fit, notes = carried.throughput, list(row.notes)
