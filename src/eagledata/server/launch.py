@@ -218,12 +218,16 @@ def node_note(profile: Profile, node: NodeRank) -> str:
 
 
 def start_process(
-    command: Sequence[str], *, env: Mapping[str, str] | None = None
+    command: Sequence[str], *, env: Mapping[str, str] | None = None, stdout: int | None = None
 ) -> subprocess.Popen[bytes]:
-    """Start ``command`` (a server, or a node of one) in its own process group."""
+    """Start ``command`` (a server, or a node of one) in its own process group; ``stdout`` a
+    file descriptor for its output (default: ours)."""
     try:
         return subprocess.Popen(
-            list(command), start_new_session=True, env=None if env is None else dict(env)
+            list(command),
+            start_new_session=True,
+            env=None if env is None else dict(env),
+            stdout=stdout,
         )
     except OSError as error:
         raise LaunchError(

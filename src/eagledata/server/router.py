@@ -35,6 +35,7 @@ from eagledata.server.serverfacts import GuardVerdict, ServerFacts
 
 ROUTER_MODULE = "sglang_router.launch_router"
 DEFAULT_ROUTER_PORT = 30100
+STDERR_FD = 2
 
 
 def router_python(env: Mapping[str, str] | None = None) -> str:
@@ -219,7 +220,7 @@ def launch_router(
     url = router_url(host, port)
     if on_progress is not None:
         on_progress(f"starting: {' '.join(command)}")
-    process = start_process(command)
+    process = start_process(command, stdout=STDERR_FD)  # stdout is launch-server's verdicts
     own_client = client is None
     http = client or httpx.Client(timeout=httpx.Timeout(30.0, connect=5.0))
     try:
