@@ -106,8 +106,11 @@ def launch_router_cli(workers: list[SimServerThread], port: int) -> subprocess.P
 
 
 @contextmanager
-def launched_router(workers: list[SimServerThread]) -> Iterator[str]:
-    """``eagledata launch-server --router`` over ``workers``, until Ctrl-C; its URL."""
+def launched_router(
+    workers: list[SimServerThread], stop: signal.Signals = signal.SIGINT
+) -> Iterator[str]:
+    """``eagledata launch-server --router`` over ``workers``, until Ctrl-C (or ``stop``); its
+    URL."""
     port = free_port()
     process = launch_router_cli(workers, port)
     lines = Lines(process)
@@ -123,7 +126,7 @@ def launched_router(workers: list[SimServerThread]) -> Iterator[str]:
         assert all(verdict.startswith("bf16 KV ok") for verdict in verdicts.values())
         yield url
     finally:
-        process.send_signal(signal.SIGINT)  # Ctrl-C: the router is stopped with it
+        process.send_signal(stop)  # Ctrl-C, or SLURM's TERM: the router is stopped with it
         try:
             code = process.wait(timeout=60)
         except subprocess.TimeoutExpired:
@@ -252,3 +255,10 @@ def test_a_worker_degraded_behind_the_fleet_is_caught_by_the_canary_by_name(
     assert records and not degraded & {r["rid"] for r in records}
     last = quality(out)[-1]
     assert (last["server"], last["via"], last["verdict"]) == (second.url, url, "drift")
+
+
+def test_a_term_to_launch_server_stops_its_router(two_workers: list[SimServerThread]) -> None:
+    """What scancel and the end of a SLURM job send: the router must not outlive it (the
+    context manager checks its port is closed)."""
+    with launched_router(two_workers, stop=signal.SIGTERM) as url:
+        assert url.startswith("http://127.0.0.1:")

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -155,3 +157,113 @@ def test_node_rank_one_starts_its_command_and_waits_without_http(tmp_path: Path)
     assert argv[argv.index("--nnodes") + 1] == "2"
     assert "no HTTP API" in result.stderr
     assert "health" not in result.stderr
+
+
+# --- the SLURM script (docs/fleet.md) ---------------------------------------------------------
+
+SLURM_SCRIPT = REPO / "scripts" / "slurm_fleet.sh"
+FAKE_SCONTROL = '#!/bin/sh\n[ "$1 $2" = "show hostnames" ] && printf "%s\\n" $FAKE_NODES\n'
+FAKE_SRUN = '#!/bin/sh\necho "srun $*" >> "$CALLS"\n'
+# eagledata: the router's launch-server says it is ready and serves until Ctrl-C (which it
+# takes in the background too, as eagledata's CLI does: cli/interrupts.py)
+FAKE_EAGLEDATA = f"""#!{sys.executable}
+import os, signal, sys, time
+with open(os.environ["CALLS"], "a") as calls:
+    calls.write(" ".join(["eagledata", *sys.argv[1:]]) + "\\n")
+if "--router" in sys.argv:
+    def stop(signum, frame):
+        with open(os.environ["CALLS"], "a") as calls:
+            calls.write("router stopped\\n")
+        sys.exit(130)
+    signal.signal(signal.SIGINT, stop)
+    print("router ready at http://x:30100 over N workers, each checked", flush=True)
+    while True:
+        time.sleep(0.05)
+"""
+
+
+def run_slurm_script(tmp_path: Path, nodes: list[str], **env: str) -> tuple[int, list[str]]:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text in (
+        ("scontrol", FAKE_SCONTROL),
+        ("srun", FAKE_SRUN),
+        ("eagledata", FAKE_EAGLEDATA),
+    ):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    calls = tmp_path / "calls"
+    done = subprocess.run(
+        ["bash", str(SLURM_SCRIPT)],
+        cwd=tmp_path,
+        env={
+            **os.environ,
+            "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+            "CALLS": str(calls),
+            "FAKE_NODES": " ".join(nodes),
+            "SLURM_JOB_NODELIST": "n[1-4]",
+            "SLURM_JOB_ID": "77",
+            **env,
+        },
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    return done.returncode, calls.read_text().splitlines() if calls.exists() else []
+
+
+def test_the_slurm_script_starts_one_server_per_node_the_router_then_one_job(
+    tmp_path: Path,
+) -> None:
+    code, calls = run_slurm_script(tmp_path, ["n1", "n2", "n3"], PROFILE="kimi-k25-b200-dcp8")
+    assert code == 0, calls
+    host = subprocess.run(["hostname"], capture_output=True, text=True, check=True).stdout.strip()
+    servers = sorted(c for c in calls if c.startswith("srun "))  # started side by side
+    assert servers == [
+        f"srun --nodes=1 --ntasks=1 --nodelist={node} eagledata launch-server --profile "
+        "kimi-k25-b200-dcp8 -- --host 0.0.0.0"
+        for node in ("n1", "n2", "n3")
+    ]
+    router = next(c for c in calls if "--router " in c)
+    assert router == (
+        "eagledata launch-server --router http://n1:30000 --router http://n2:30000 --router "
+        "http://n3:30000 --router-host 0.0.0.0 --router-port 30100"
+    )
+    generate = next(c for c in calls if c.startswith("eagledata generate"))
+    assert generate == (
+        f"eagledata generate --dataset b2 --server http://{host}:30100 --out runs/77"
+    )
+    assert calls.index(router) < calls.index(generate)
+    assert calls[-1] == "router stopped"  # Ctrl-C to the router's launch-server at the end
+
+
+def test_the_slurm_script_gives_each_node_of_a_two_node_server_its_place(tmp_path: Path) -> None:
+    code, calls = run_slurm_script(
+        tmp_path, ["n1", "n2", "n3", "n4"], PROFILE="kimi-k25-h100x16", NODES_PER_SERVER="2"
+    )
+    assert code == 0, calls
+
+    def place(call: str, flag: str) -> str:
+        return call.split(f"{flag}")[1].split()[0]
+
+    placed = sorted(
+        (place(c, "--nodelist="), place(c, "--node-rank "), place(c, "--dist-init-addr "))
+        for c in calls
+        if c.startswith("srun ")
+    )
+    # n1 and n2 make the first server, n3 and n4 the second; each node its rank, one address
+    assert placed == [
+        ("n1", "0", "n1:50000"),
+        ("n2", "1", "n1:50000"),
+        ("n3", "0", "n3:50000"),
+        ("n4", "1", "n3:50000"),
+    ]
+    assert all(c.endswith(" -- --host 0.0.0.0") for c in calls if c.startswith("srun "))
+    router = next(c for c in calls if "--router " in c)
+    assert "--router http://n1:30000 --router http://n3:30000 " in router  # node ranks 0
+
+
+def test_the_slurm_script_refuses_nodes_that_do_not_split_into_servers(tmp_path: Path) -> None:
+    code, calls = run_slurm_script(tmp_path, ["n1", "n2", "n3"], NODES_PER_SERVER="2")
+    assert code == 2 and calls == []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 from typing import Annotated, Any
@@ -119,6 +120,7 @@ def launch_server(
     """Start SGLang from a profile (bf16 KV enforced); extra args after -- pass through.
 
     With --router URL...: start sglang-router in front of servers already running instead."""
+    _stop_on_term()
     if router:
         _launch_router(
             router,
@@ -207,6 +209,15 @@ def launch_server(
         raise typer.Exit(EXIT_INTERRUPTED) from None
     if result.process.returncode:
         raise typer.Exit(result.process.returncode)
+
+
+def _stop_on_term() -> None:
+    """SIGTERM (``kill``, ``scancel``, the end of a SLURM job) stops what launch-server started,
+    as Ctrl-C does: a server or router in its own process group would outlive a plain exit."""
+    import signal
+
+    with contextlib.suppress(ValueError):  # not the main thread: signals are not ours
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
 
 
 def _launch_router(
