@@ -5,6 +5,8 @@ rig's fp8 row, and names every assumption that carries the reference's measureme
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -322,3 +324,15 @@ def test_nodes_must_share_the_gpus_evenly() -> None:
     data["sglang_args"] = {**data["sglang_args"], "nnodes": 3}
     with pytest.raises(ConfigError, match="3 nodes cannot share 16 GPUs evenly"):
         parse_profile(data, name="bad", source="bad.toml")
+
+
+def test_the_rigs_tables_in_the_docs_are_the_plans() -> None:
+    """docs/throughput.md's rigs tables are written by scripts/rig_table.py from the plan."""
+    done = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "rig_table.py"), "--check"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr

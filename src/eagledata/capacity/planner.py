@@ -59,6 +59,9 @@ class PlanRow(BaseModel):
     concurrent_4k: int
     steady_concurrency: int
     running: int
+    rated_running: int = 0
+    """The running requests the rate is evaluated at: ``running``, held at the step-time fit's
+    ``max_running_fit`` (where decode turns compute-bound), every server counted."""
     recommended_max_running_requests: int
     recommended_concurrency: int
     profile_max_running_requests: int | None
@@ -250,6 +253,7 @@ def plan_from_pool(
         concurrent_4k=system // CONCURRENT_REQUEST_TOKENS,
         steady_concurrency=steady_all if servers > 1 else steady,
         running=running * servers,
+        rated_running=fit_running * servers if starts else 0,
         servers=servers,
         recommended_max_running_requests=rec_mrr if starts else 0,
         recommended_concurrency=rec_concurrency,
@@ -385,6 +389,7 @@ def _misfit_row(row: PlanRow, why: str) -> PlanRow:
             "concurrent_4k": 0,
             "steady_concurrency": 0,
             "running": 0,
+            "rated_running": 0,
             "recommended_max_running_requests": 0,
             "recommended_concurrency": 0,
             **rate_fields(0.0, 0.0, 0.0),

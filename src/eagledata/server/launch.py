@@ -205,10 +205,11 @@ def node_note(profile: Profile, node: NodeRank) -> str:
             if profile.server.host in ("127.0.0.1", "localhost", "::1")
             else ""
         )
+        others = "rank 1" if profile.nnodes == 2 else f"ranks 1-{profile.nnodes - 1}"
         return (
             f"node rank 0 of {profile.nnodes}: serves the HTTP API once every node has joined "
-            f"(start node ranks 1-{profile.nnodes - 1} with the same --dist-init-addr "
-            f"{node.dist_init_addr}); eagledata generate --server {url}{where}"
+            f"(start node {others} with the same --dist-init-addr {node.dist_init_addr}); "
+            f"eagledata generate --server {url}{where}"
         )
     return (
         f"node rank {node.rank} of {profile.nnodes}: runs its share of the model's ranks and no "

@@ -117,7 +117,7 @@ def wait_for_router(
                 f"sglang-router exited with code {process.returncode} before it served {url}. "
                 "Fix: read its "
                 f"output above (is sglang-router installed for {router_python()}? pip install "
-                "'sglang-router>=0.3.2,<0.4')"
+                "sglang-router==0.3.2)"
             )
         last = healthy_workers(client, url)
         seen = {normalize_worker(w) for w in last or []}
