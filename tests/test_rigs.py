@@ -336,3 +336,21 @@ def test_the_rigs_tables_in_the_docs_are_the_plans() -> None:
         check=False,
     )
     assert done.returncode == 0, done.stderr
+
+
+def test_a_live_servers_row_names_the_rig_and_its_nodes(tokenizer_dir: str) -> None:
+    from conftest import sim_config
+    from eagledata.simserver import SimServerThread
+
+    with SimServerThread(sim_config(tokenizer_dir, max_total_num_tokens=150_000)) as sim:
+        document = plan_json(
+            "--rig", "h200x8", "--profile", "kimi-k25-h200-tp8", "--server", sim.url
+        )
+    live = document["profiles"][0]
+    assert live["profile"] == f"live {sim.url}"
+    assert (live["rig"], live["nodes"], live["starts"], live["kv_tokens"]) == (
+        "h200x8",
+        1,
+        True,
+        150_000,
+    )

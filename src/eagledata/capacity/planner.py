@@ -95,6 +95,10 @@ class PlanRow(BaseModel):
         return self.kv_cache_dtype in BF16_KV_DTYPES
 
 
+EVIDENCE = ("measured", "arithmetic", "unverified")
+"""A row's evidence, strongest first."""
+
+
 def written_for(profile: Profile) -> list[str]:
     """The rigs a profile is written for (its ``rigs``; by default the reference rig)."""
     return list(profile.rigs) if profile.rigs is not None else [reference_rig().name]
@@ -319,8 +323,9 @@ def plan_profile(
     if carried_over:
         status = f"written for {', '.join(written_for(profile))}, carried over; there: {status}"
         evidence = "unverified"
-    elif target.evidence != "measured" and evidence == "measured":
-        status = f"{target.evidence} on {target.name} (as measured on the reference: {status})"
+    elif EVIDENCE.index(target.evidence) > EVIDENCE.index(evidence or "unverified"):
+        # never better than the rig's: measured on the reference is arithmetic elsewhere, at best
+        status = f"{target.evidence} on {target.name} (on the reference rig: {status})"
         evidence = target.evidence
     row = row.model_copy(
         update={
