@@ -86,7 +86,10 @@ def launch_server(
         Path | None,
         typer.Option(help="The launch script (default: ./scripts/launch_sglang.sh, else shipped)"),
     ] = None,
-    deadline: Annotated[float, typer.Option(help="Seconds to wait for /health")] = 1800.0,
+    deadline: Annotated[
+        float,
+        typer.Option(help="Seconds to wait for /health (--router: for every worker's health)"),
+    ] = 1800.0,
     node_rank: Annotated[
         int | None,
         typer.Option(
