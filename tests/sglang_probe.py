@@ -336,8 +336,9 @@ PIPELINE_STEPS = (
 RESOLVED = ("tp_size", "dp_size", "attn_dp_size", "enable_dp_attention", "dcp_size",
             "chunked_prefill_size", "max_running_requests", "kv_cache_dtype",
             "speculative_algorithm", "speculative_num_draft_tokens")  # fmt: skip
-SERVER_INFO = ("model_path", "tp_size", "dp_size", "attn_dp_size", "enable_dp_attention",
-               "dcp_size", "kv_cache_dtype", "context_length", "max_running_requests",
+SERVER_INFO = ("model_path", "tp_size", "nnodes", "node_rank", "dist_init_addr", "dp_size",
+               "attn_dp_size", "enable_dp_attention", "dcp_size", "kv_cache_dtype",
+               "context_length", "max_running_requests",
                "speculative_algorithm", "speculative_draft_model_path", "speculative_num_steps",
                "speculative_eagle_topk", "speculative_num_draft_tokens",
                "speculative_accept_threshold_single", "speculative_accept_threshold_acc",

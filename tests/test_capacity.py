@@ -23,8 +23,10 @@ from eagledata.capacity import (
     plan_profiles,
     render_plan_table,
 )
+from eagledata.capacity.placement import hardware_on
 from eagledata.errors import ConfigError
 from eagledata.profiles.profile import ThroughputSection, load_profiles
+from eagledata.profiles.rigs import reference_rig
 
 PROFILES_DIR = Path(__file__).resolve().parents[1] / "configs" / "profiles"
 HW = RTX_PRO_6000_X8_KIMI_K25
@@ -256,11 +258,14 @@ def test_prompts_that_do_not_fit_the_context_are_flagged() -> None:
 
 
 def test_shipped_profiles_carry_the_reference_preset() -> None:
+    reference = reference_rig()
     for profile in load_profiles(profiles_dir=PROFILES_DIR):
-        assert profile.hardware == HW, profile.name
         model = KVModel.from_section(profile.model)
         assert model == KIMI_K25, profile.name
         assert profile.throughput == FIT, profile.name
+        # one model, one set of memory facts: at TP8 on the reference rig, the fitted preset
+        at_tp8 = profile.model_copy(update={"sglang_args": {**profile.sglang_args, "tp-size": 8}})
+        assert hardware_on(reference, at_tp8) == HW.model_copy(update={"gpu": reference.gpu})
 
 
 def test_plan_of_the_shipped_profiles() -> None:
@@ -316,10 +321,21 @@ def test_render_of_nothing() -> None:
     assert render_plan_table([]) == "no profiles to plan"
 
 
-def test_failed_pool_renders_as_fails() -> None:
-    text = render_plan_table([plan(tp8("bf16", 0.88, attn_dp_size=8))])
-    assert "0 (fails)" in text
-    assert "no bf16 profile starts" in text
+def test_a_failed_pool_is_one_line_saying_why_not_a_column() -> None:
+    rows = [
+        plan(tp8("bf16", 0.88, attn_dp_size=8)),
+        plan(tp8("bf16", 0.90)).model_copy(update={"profile": "y"}),
+    ]
+    text = render_plan_table(rows)
+    lines = text.splitlines()
+    header = next(line for line in lines if line.strip() and not line.startswith("KV"))
+    assert header.split() == ["y"]  # the one that starts has the only column
+    failed = lines.index("does not start:")
+    assert lines[failed + 1].startswith(
+        "  - x: KV pool -0.08 GiB per rank (11.23 GiB free per GPU after the weights, 11.31 kept"
+    )
+    assert "best bf16 profile: y" in text
+    assert "no bf16 profile starts: nothing here may generate data" in render_plan_table(rows[:1])
 
 
 def test_math_is_floor_of_gib_over_cell() -> None:

@@ -272,8 +272,8 @@ def test_launchable_profile_with_fp8_is_a_config_error() -> None:
     [
         (lambda d: d.update(colour="blue"), "bad.toml: colour: Extra inputs are not permitted"),
         (
-            lambda d: d["hardware"].update(pre_free="94"),
-            "bad.toml: hardware.pre_free: Extra inputs are not permitted",
+            lambda d: d["model"].update(pre_free="94"),
+            "bad.toml: model.pre_free: Extra inputs are not permitted",
         ),
         (
             lambda d: d["sglang_args"].update({"tp": 8}),

@@ -102,15 +102,26 @@ def captured_bodies(tokenizer_dir: str, tmp_path: Path, version: str) -> dict[st
 # --- one probe per release, shared by the module's tests ----------------------------------------
 
 
-def forced_argv(profile: Profile, release: Release) -> list[str]:
-    return profile.render(release)
+HEAD = "10.0.0.1:50000"
+"""The node-rank-0 address every node of a multi-node profile is given (``--dist-init-addr``)."""
+
+
+def forced_argv(profile: Profile, release: Release, rank: int = 0) -> list[str]:
+    """The command of node ``rank`` (a multi-node profile's, with its place), as launch-server
+    builds it."""
+    return profile.render(release, profile.node(rank, HEAD) if profile.nnodes > 1 else None)
+
+
+def node_key(state: str, profile: Profile, rank: int) -> str:
+    return f"{state}:{profile.name}" + (f"@node{rank}" if rank else "")
 
 
 def build_job(release: Release, bodies: dict[str, Any]) -> dict[str, Any]:
     argv = {}
     for profile in PROFILES:
         state = "claimed" if release.version in profile.sglang_versions else "forced"
-        argv[f"{state}:{profile.name}"] = forced_argv(profile, release)
+        for rank in range(profile.nnodes):  # every node's own command
+            argv[node_key(state, profile, rank)] = forced_argv(profile, release, rank)
     both = {"input_ids": [11, 12, 13], "sampling_params": {"max_new_tokens": 4}}
     both |= dict.fromkeys(BOTH_PIN_FIELDS, 1)  # the pin for a release eagledata does not know
     return {
@@ -165,12 +176,19 @@ def test_every_profile_parses_and_resolves_on_every_release_it_claims(
     profile, release = pair
     report = reports[release.version]
     assert report["release"] == release.version
+    for rank in range(1, profile.nnodes):  # the other nodes' commands parse and resolve too
+        node = report["argv"][node_key("claimed", profile, rank)]
+        assert node["parse"]["ok"], f"sglang {release.version} node {rank}: {node['parse']}"
+        assert _failed_steps(node) == [], f"node {rank}"
+        assert node["server_info"]["node_rank"] == rank
+        assert node["server_info"]["dist_init_addr"] == HEAD
     result = report["argv"][f"claimed:{profile.name}"]
     assert result["parse"]["ok"], f"sglang {release.version}: {result['parse']['error']}"
     for message in result["parse"]["warnings"]:
         if "deprecated" in message.lower():
             warnings.warn(SGLangDeprecation(f"{_id(pair)}: {message}"), stacklevel=1)
     assert _failed_steps(result) == []
+    assert result["server_info"]["nnodes"] == profile.nnodes
     # the layout the release resolves, read back the way eagledata reads /server_info
     info = {**result["server_info"], "version": release.version}
     facts = ServerFacts.from_server_info(info)
@@ -310,6 +328,8 @@ def _cell(profile: Profile, release: Release, report: dict[str, Any]) -> str:
             layout.append(", ".join(f"{k} {info[k]}" for k in keys))
         if profile.dcp_size > 1:
             layout.append(f"dcp_size {info['dcp_size']}")
+        if profile.nnodes > 1:
+            layout.append(f"nnodes {info['nnodes']}: node_rank 0-{profile.nnodes - 1} each parsed")
         return "parsed" + (f" ({'; '.join(layout)})" if layout else "")
     result = report["argv"][f"forced:{profile.name}"]
     reason = unsupported(profile.sglang_args, release)[0]

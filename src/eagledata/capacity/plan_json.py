@@ -2,7 +2,11 @@
 
 Per profile: everything the text table shows, plus ``kv_tokens`` (the server's KV slots),
 ``speculative`` (null, or its settings and arithmetic) and ``status`` (``measured``,
-``arithmetic`` or ``unverified``; the free text is ``status_text``).
+``arithmetic`` or ``unverified``; the free text is ``status_text``), the ``rig`` it is planned on,
+the ``nodes`` one server spans, the ``servers`` the rig holds, and ``starts``. Top level: the
+``rig`` (its GPUs and what it assumes), ``best`` (the fastest bf16 row, with and without
+speculative decoding, and the rejected fp8 row it is measured against), and ``elsewhere`` (the
+profiles written for other rigs).
 """
 
 from __future__ import annotations
@@ -10,8 +14,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from eagledata.capacity.planner import PlanRow
+from eagledata.capacity.planner import PlanRow, best_key, written_for
 from eagledata.capacity.workload import Workload
+from eagledata.profiles.profile import Profile
+from eagledata.profiles.rigs import Rig
 
 
 def _row(row: PlanRow) -> dict[str, Any]:
@@ -19,6 +25,9 @@ def _row(row: PlanRow) -> dict[str, Any]:
     data["status_text"] = data.pop("status")
     return {
         "profile": row.profile,
+        "rig": row.rig,
+        "nodes": row.nodes,
+        "starts": row.starts,
         "kv_cache_dtype": row.kv_cache_dtype,
         "kv_tokens": row.system_tokens,
         "running": row.running,
@@ -31,13 +40,20 @@ def _row(row: PlanRow) -> dict[str, Any]:
 
 def _best(rows: Sequence[PlanRow], keep: Any) -> str | None:
     chosen = [r for r in rows if r.is_bf16 and r.starts and keep(r)]
-    return max(chosen, key=lambda r: r.tok_s).profile if chosen else None
+    return max(chosen, key=best_key).profile if chosen else None
 
 
-def plan_document(rows: Sequence[PlanRow], workload: Workload | None = None) -> dict[str, Any]:
-    """One JSON-ready object: the workload, every row, and the best bf16 rows."""
+def plan_document(
+    rows: Sequence[PlanRow],
+    workload: Workload | None = None,
+    *,
+    rig: Rig | None = None,
+    elsewhere: Sequence[Profile] = (),
+) -> dict[str, Any]:
+    """One JSON-ready object: the rig, the workload, every row, and the best bf16 rows."""
     rejected = [r for r in rows if not r.is_bf16 and r.starts]
     return {
+        "rig": None if rig is None else rig.model_dump(mode="json"),
         "workload": (
             None
             if workload is None
@@ -54,4 +70,5 @@ def plan_document(rows: Sequence[PlanRow], workload: Workload | None = None) -> 
             "bf16_with_speculative": _best(rows, lambda r: r.speculative is not None),
             "rejected": max(rejected, key=lambda r: r.tok_s).profile if rejected else None,
         },
+        "elsewhere": {profile.name: written_for(profile) for profile in elsewhere},
     }

@@ -5,9 +5,11 @@ from __future__ import annotations
 import textwrap
 from collections.abc import Sequence
 
-from eagledata.capacity.planner import PlanRow
+from eagledata.capacity.planner import PlanRow, best_key, written_for
 from eagledata.capacity.speculative import format_speedups
 from eagledata.capacity.workload import Workload
+from eagledata.profiles.profile import Profile
+from eagledata.profiles.rigs import Rig
 
 
 def _tokens(n: int) -> str:
@@ -57,8 +59,6 @@ def _row_cells(row: PlanRow, unit: float) -> list[str]:
     if not row.is_bf16:
         dtype = f"{dtype} REJECTED" if len(dtype) <= 6 else f"{dtype.split('_')[0]} REJECTED"
     pool = [dtype, row.parallelism, f"{row.mem_fraction_static:.2f}", f"{row.kv_gib_per_rank:.2f}"]
-    if not row.starts:
-        return [*pool, "0 (fails)", "0 (fails)", *["-"] * 8]
     mrr = str(row.recommended_max_running_requests)
     if row.profile_max_running_requests is not None:
         mrr += f" ({row.profile_max_running_requests})"
@@ -105,23 +105,35 @@ _ROW_LABELS = [
 
 
 def render_plan_table(
-    rows: Sequence[PlanRow], *, workload: Workload | None = None, width: int = 100
+    rows: Sequence[PlanRow],
+    *,
+    workload: Workload | None = None,
+    width: int = 100,
+    rig: Rig | None = None,
+    elsewhere: Sequence[Profile] = (),
 ) -> str:
     """Profiles side by side (one column each, wrapped to ``width``), then status and notes
     per profile, then which bf16 profile is fastest and how it compares with a rejected row.
 
     Rejected (non-bf16, plan-only) columns come last. ``--max-running-requests`` shows the
-    recommendation with the profile's own value in brackets.
+    recommendation with the profile's own value in brackets. A profile that does not start on
+    the rig (no pool, or its servers do not fit the rig's nodes) gets one line saying why
+    instead of a column. ``rig`` heads the table with its GPUs and what carrying the reference's
+    measurements over to it assumes; ``elsewhere`` names the profiles written for other rigs.
     """
     if not rows:
         return "no profiles to plan"
     ordered = [r for r in rows if r.is_bf16] + [r for r in rows if not r.is_bf16]
     prefix = _common_prefix([row.profile for row in ordered])
-    headers = [row.profile[len(prefix) :] or row.profile for row in ordered]
-    unit_name, unit = wall_unit(ordered)
+    all_headers = [row.profile[len(prefix) :] or row.profile for row in ordered]
+    shown = [(h, r) for h, r in zip(all_headers, ordered, strict=True) if r.starts]
+    failed = [(h, r) for h, r in zip(all_headers, ordered, strict=True) if not r.starts]
+    headers = [h for h, _ in shown]
+    started = [r for _, r in shown]
+    unit_name, unit = wall_unit(started or ordered)
     labels = [label.format(unit=unit_name) for label in _ROW_LABELS]
     columns = [
-        [header, *_row_cells(row, unit)] for header, row in zip(headers, ordered, strict=True)
+        [header, *_row_cells(row, unit)] for header, row in zip(headers, started, strict=True)
     ]
     label_width = max(len(label) for label in labels)
     col_widths = [max(len(cell) for cell in column) for column in columns]
@@ -139,6 +151,19 @@ def render_plan_table(
             f"  {workload.tokens_per_running_request:,.0f} KV tokens per running request; "
             "wall clock = output tokens / gen tok/s (prefill not counted)"
         )
+    shared = _shared_rig_assumptions(ordered)
+    if rig is not None:
+        lines += _wrap(f"rig {rig.name}: {rig.summary()} [{rig.evidence}]", width, "", "  ")
+        for assumption in shared:
+            lines += _wrap(f"assumes: {assumption}", width, "  - ", "    ")
+        if all(row.carried_over for row in ordered if not row.plan_only):
+            lines += _wrap(
+                f"no profile is written for {rig.name}: those of the rigs they were written for, "
+                "carried over as they are",
+                width,
+                "",
+                "  ",
+            )
     if prefix:
         lines.append(f"profiles {prefix}*")
     start = 0
@@ -156,7 +181,7 @@ def render_plan_table(
             lines.append((label.ljust(label_width) + cells).rstrip())
         start = end
 
-    for header, row in zip(headers, ordered, strict=True):
+    for header, row in shown:
         lines.append("")
         status = row.status or "no status"
         if row.evidence and not status.startswith(row.evidence):
@@ -178,19 +203,41 @@ def render_plan_table(
             )
             notes.append(format_speedups(spec))
         notes += [*row.notes, *row.profile_notes]
-        notes += [f"assumes: {assumption}" for assumption in row.assumptions]
+        notes += [f"assumes: {a}" for a in row.assumptions if a not in shared]
         if row.settle:
             notes.append(f"settles it: {row.settle}")
         for note in notes:
             lines += _wrap(note, width, "  - ", "    ")
 
+    if failed:
+        where = f" on {rig.name}" if rig is not None else ""
+        lines.append("")
+        lines.append(f"does not start{where}:")
+        for header, row in failed:
+            why = row.notes[0] if row.notes else "no KV pool"
+            dtype = "" if row.is_bf16 else f" ({row.kv_cache_dtype}, plan only)"
+            lines += _wrap(f"{header}{dtype}: {why}", width, "  - ", "    ")
+    if elsewhere:
+        lines.append("")
+        named = ", ".join(f"{p.name} ({', '.join(written_for(p))})" for p in elsewhere)
+        lines += _wrap(f"written for other rigs (plan --rig NAME): {named}", width, "", "  ")
+
     lines.append("")
     lines += textwrap.wrap(PLAN_AND_CONTROLLER, width)
     lines.append("")
-    for line in _verdict(ordered, headers).splitlines():
+    for line in _verdict(ordered, all_headers, rig).splitlines():
         indent = line[: len(line) - len(line.lstrip())]
         lines += _wrap(line.strip(), width, indent, indent + "  ")
     return "\n".join(lines)
+
+
+def _shared_rig_assumptions(rows: Sequence[PlanRow]) -> list[str]:
+    """The rig assumptions every row of the plan shares (printed once, under the rig)."""
+    rig_rows = [row for row in rows if row.rig_assumptions]
+    if not rig_rows or len(rig_rows) != len(rows):
+        return []
+    first = rig_rows[0].rig_assumptions
+    return [a for a in first if all(a in row.rig_assumptions for row in rig_rows[1:])]
 
 
 def _wrap(text: str, width: int, first: str, rest: str) -> list[str]:
@@ -209,23 +256,27 @@ PLAN_AND_CONTROLLER = (
 """How the planner's estimate and the live controller relate, printed under every plan."""
 
 
-def _verdict(rows: Sequence[PlanRow], headers: Sequence[str]) -> str:
+def _verdict(rows: Sequence[PlanRow], headers: Sequence[str], rig: Rig | None = None) -> str:
     named = list(zip(headers, rows, strict=True))
     bf16 = [(h, r) for h, r in named if r.is_bf16 and r.starts]
     rejected = [(h, r) for h, r in named if not r.is_bf16 and r.starts]
     if not bf16:
-        return "no bf16 profile starts: nothing here may generate data"
-    best_name, best = max(bf16, key=lambda item: item[1].tok_s)
+        where = f" on {rig.name}" if rig is not None else ""
+        return f"no bf16 profile starts{where}: nothing here may generate data"
+    best_name, best = max(bf16, key=lambda item: best_key(item[1]))
     text = f"best bf16 profile: {best_name}, ~{best.tok_s:,.0f} tok/s"
     if best.wall_clock_hours is not None:
         name, hours = wall_unit([best])
         text += f" ({best.wall_clock_hours / hours:,.1f} {name})"
     text += f" [{best.evidence or best.status or 'no status'}]"
+    tied = [h for h, r in bf16 if h != best_name and round(r.tok_s) == round(best.tok_s)]
+    if tied:
+        text += f"; as fast: {', '.join(tied)} (on as many assumptions or more)"
     plain = [(h, r) for h, r in bf16 if r.speculative is None]
     spec = [(h, r) for h, r in bf16 if r.speculative is not None]
     if plain and spec:
         for label, group in (("without", plain), ("with", spec)):
-            name, row = max(group, key=lambda item: item[1].tok_s)
+            name, row = max(group, key=lambda item: best_key(item[1]))
             text += (
                 f"\n  {label} speculative decoding: {name}, ~{row.tok_s:,.0f} tok/s "
                 f"[{row.evidence or row.status or 'no status'}]"

@@ -10,11 +10,13 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from eagledata.capacity.memory import Deployment, kv_gib_per_rank, kv_tokens_per_rank
+from eagledata.capacity.placement import place
 from eagledata.capacity.speculative import AcceptOverride, SpecPlan, plan_speculative, spec_model
 from eagledata.capacity.stepfit import decode_tok_s
 from eagledata.capacity.workload import Workload
 from eagledata.profiles.kv import KVModel
 from eagledata.profiles.profile import BF16_KV_DTYPES, HardwareSection, Profile, ThroughputSection
+from eagledata.profiles.rigs import Rig, reference_rig
 
 CONCURRENT_REQUEST_TOKENS = 4096
 """The "concurrent 4k requests" column: every running request holding 4,096 tokens."""
@@ -28,11 +30,22 @@ server queue so a finished slot refills at once, without pushing the KV pool int
 
 
 class PlanRow(BaseModel):
-    """One profile's plan. Token counts are KV slots; rates are generated tok/s."""
+    """One profile's plan on one rig. Token counts are KV slots; rates are generated tok/s; a
+    rig that holds several servers of the profile counts them together (``servers``)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     profile: str
+    rig: str = ""
+    """The rig planned for (``configs/rigs.toml``)."""
+    nodes: int = 1
+    """The nodes one server spans (``--nnodes``)."""
+    servers: int = 1
+    """Servers of this profile on the rig (0: it does not fit the rig's nodes)."""
+    gpus: int = 0
+    """GPUs the row uses: servers x GPUs of one server."""
+    carried_over: bool = False
+    """The profile is written for other rigs (its ``rigs``): planned here as it is."""
     kv_cache_dtype: str
     plan_only: bool
     status: str
@@ -46,6 +59,9 @@ class PlanRow(BaseModel):
     concurrent_4k: int
     steady_concurrency: int
     running: int
+    rated_running: int = 0
+    """The running requests the rate is evaluated at: ``running``, held at the step-time fit's
+    ``max_running_fit`` (where decode turns compute-bound), every server counted."""
     recommended_max_running_requests: int
     recommended_concurrency: int
     profile_max_running_requests: int | None
@@ -68,12 +84,30 @@ class PlanRow(BaseModel):
     sglang_versions: list[str] = []
     """The SGLang releases the profile runs on (a live row: the server's own)."""
     assumptions: list[str] = []
-    """Every unverified assumption the row's figures rest on (the profile's own, and an
-    acceptance length that was not measured)."""
+    """Every unverified assumption the row's figures rest on (the profile's own, an acceptance
+    length that was not measured, and the rig's: ``rig_assumptions``)."""
+    rig_assumptions: list[str] = []
+    """Those of ``assumptions`` that are the rig's (how the reference's measurements were carried
+    over to it), the same for every row of one rig."""
 
     @property
     def is_bf16(self) -> bool:
         return self.kv_cache_dtype in BF16_KV_DTYPES
+
+
+EVIDENCE = ("measured", "arithmetic", "unverified")
+"""A row's evidence, strongest first."""
+
+
+def written_for(profile: Profile) -> list[str]:
+    """The rigs a profile is written for (its ``rigs``; by default the reference rig)."""
+    return list(profile.rigs) if profile.rigs is not None else [reference_rig().name]
+
+
+def best_key(row: PlanRow) -> tuple[int, int]:
+    """How rows are ranked for "best": the rate (to the token per second), and at an equal rate
+    the row resting on fewer assumptions."""
+    return round(row.tok_s), -len(row.assumptions)
 
 
 def _round_up(value: float, multiple: int) -> int:
@@ -91,16 +125,22 @@ def plan_deployment(
     plan_only: bool = False,
     status: str = "",
     profile_notes: Sequence[str] = (),
+    servers: int = 1,
 ) -> PlanRow:
-    """The plan for one deployment; pure arithmetic, no I/O."""
+    """The plan for one deployment (``servers`` of it); pure arithmetic, no I/O."""
     cell = model.cell_bytes(deployment.kv_cache_dtype, attn_tp_size=deployment.attn_tp_size)
     gib = kv_gib_per_rank(hardware, deployment)
     per_rank = kv_tokens_per_rank(hardware, deployment, cell)
     notes: list[str] = []
     if per_rank <= 0:
+        kept = hardware.pre_free_gib * (1 - deployment.mem_fraction_static)
+        extra = hardware.dp_attention_extra_gib.get(deployment.attn_dp_size, 0.0)
+        left = hardware.post_free_gib - (extra if deployment.attn_dp_size > 1 else 0.0)
         notes.append(
-            f"KV pool {gib:.2f} GiB per rank: SGLang aborts with 'Not enough memory'; "
-            "raise --mem-fraction-static or drop DP attention"
+            f"KV pool {gib:.2f} GiB per rank ({left:.2f} GiB free per GPU after the weights, "
+            f"{kept:.2f} kept back at --mem-fraction-static {deployment.mem_fraction_static:g}): "
+            "SGLang aborts with 'Not enough memory'; raise --mem-fraction-static, drop DP "
+            "attention, or spread the weights over more GPUs"
         )
     return plan_from_pool(
         label=label,
@@ -109,7 +149,8 @@ def plan_deployment(
         mem_fraction_static=deployment.mem_fraction_static,
         workload=workload,
         tokens_per_rank=per_rank,
-        system_tokens=per_rank * deployment.attn_dp_size * deployment.dcp_size,
+        system_tokens=per_rank * deployment.attn_dp_size * deployment.dcp_size * servers,
+        servers=servers,
         cell_bytes=cell,
         kv_gib_per_rank=gib,
         max_running_requests=deployment.max_running_requests,
@@ -144,16 +185,23 @@ def plan_from_pool(
     status: str = "",
     notes: Sequence[str] = (),
     profile_notes: Sequence[str] = (),
+    servers: int = 1,
 ) -> PlanRow:
-    """Concurrency, rates and wall clock from a KV pool, estimated or reported by a server."""
+    """Concurrency, rates and wall clock from a KV pool, estimated or reported by a server.
+    ``system_tokens`` is every server's pool together; the running requests, the recommended
+    ``--max-running-requests`` and the rate are one server's, the totals ``servers`` of them."""
     fit = throughput or ThroughputSection()
     notes = list(notes)
     system = system_tokens
     starts = tokens_per_rank > 0
+    servers = max(1, servers)
 
-    steady = math.floor(system / workload.tokens_per_running_request)
+    steady_all = math.floor(system / workload.tokens_per_running_request)
+    steady = steady_all // servers
     rec_mrr = min(_round_up(steady * MAX_RUNNING_HEADROOM, 8), fit.max_running_cap)
-    rec_concurrency = math.ceil(min(steady, rec_mrr) * CLIENT_QUEUE_HEADROOM) if starts else 0
+    rec_concurrency = (
+        math.ceil(min(steady, rec_mrr) * CLIENT_QUEUE_HEADROOM) * servers if starts else 0
+    )
 
     server_cap = max_running_requests
     running = steady if server_cap is None else min(steady, server_cap)
@@ -169,7 +217,7 @@ def plan_from_pool(
             f"~{fit.max_running_fit}, so tok/s is rated there"
         )
 
-    tok_s = decode_tok_s(fit_running, fit)
+    tok_s = decode_tok_s(fit_running, fit) * servers
 
     graph_bs = cuda_graph_max_bs
     per_rank_batch = math.ceil(min(running, rec_mrr) / attn_dp_size)
@@ -207,8 +255,10 @@ def plan_from_pool(
         system_tokens=system,
         starts=starts,
         concurrent_4k=system // CONCURRENT_REQUEST_TOKENS,
-        steady_concurrency=steady,
-        running=running,
+        steady_concurrency=steady_all if servers > 1 else steady,
+        running=running * servers,
+        rated_running=fit_running * servers if starts else 0,
+        servers=servers,
         recommended_max_running_requests=rec_mrr if starts else 0,
         recommended_concurrency=rec_concurrency,
         profile_max_running_requests=server_cap,
@@ -237,40 +287,77 @@ def rate_fields(tok_s: float, band: float, total_output_tokens: float) -> dict[s
 
 
 def plan_profile(
-    profile: Profile, workload: Workload, *, accept: AcceptOverride | None = None
+    profile: Profile,
+    workload: Workload,
+    *,
+    accept: AcceptOverride | None = None,
+    rig: Rig | None = None,
 ) -> PlanRow:
-    """The plan for one launch profile; ``accept`` replaces a speculative profile's drafter-card
-    acceptance length (``--accept-length``, or measured on a running server)."""
+    """The plan for one launch profile on ``rig`` (the reference rig by default); ``accept``
+    replaces a speculative profile's drafter-card acceptance length (``--accept-length``, or
+    measured on a running server)."""
+    target = rig or reference_rig()
+    placement = place(profile, target)
+    carried = placement.profile  # its step-time fit carried over to the rig
     base_dir = str(Path(profile.source).parent) if profile.source else ""
-    spec = spec_model(profile, accept.value if accept is not None else None)
+    spec = spec_model(carried, accept.value if accept is not None else None)
     if spec is not None:  # drafting and verifying hold a few more KV slots per request
         slack = workload.slack_tokens + spec.extra_kv_tokens_per_request
         workload = workload.model_copy(update={"slack_tokens": slack})
+    deployment = Deployment.from_profile(profile)
     row = plan_deployment(
         label=profile.name,
         model=KVModel.from_section(profile.model, base_dir=base_dir),
-        hardware=profile.hardware,
-        deployment=Deployment.from_profile(profile),
+        hardware=placement.hardware,
+        deployment=deployment,
         workload=workload,
-        throughput=profile.throughput,
+        throughput=carried.throughput,
         plan_only=profile.plan_only,
         status=profile.status,
         profile_notes=profile.notes,
-    ).model_copy(
+        servers=max(1, placement.servers),
+    )
+    layout = row.parallelism + (f" {profile.nnodes} nodes" if profile.nnodes > 1 else "")
+    evidence, status = profile.evidence, profile.status
+    carried_over = target.name not in written_for(profile)
+    if carried_over:
+        status = f"written for {', '.join(written_for(profile))}, carried over; there: {status}"
+        evidence = "unverified"
+    elif EVIDENCE.index(target.evidence) > EVIDENCE.index(evidence or "unverified"):
+        # never better than the rig's: measured on the reference is arithmetic elsewhere, at best
+        status = f"{target.evidence} on {target.name} (on the reference rig: {status})"
+        evidence = target.evidence
+    row = row.model_copy(
         update={
-            "evidence": profile.evidence,
+            "parallelism": f"{placement.servers}x {layout}" if placement.servers > 1 else layout,
+            "rig": target.name,
+            "nodes": profile.nnodes,
+            "gpus": placement.gpus,
+            "carried_over": carried_over,
+            "status": status,
+            "evidence": evidence,
             "settle": profile.settle,
             "sglang_versions": list(profile.sglang_versions),
-            "assumptions": list(profile.assumptions),
+            "assumptions": [*profile.assumptions, *placement.assumptions],
+            "rig_assumptions": list(placement.assumptions),
         }
     )
+    if not placement.fits:
+        return _misfit_row(row, placement.misfit)
+    if placement.notes and row.starts:
+        row = row.model_copy(update={"notes": [*placement.notes, *row.notes]})
+    elif placement.servers > 1 and row.notes:  # why it does not start, for each server
+        each = f"each of its {placement.servers} servers of {profile.gpus} GPUs: {row.notes[0]}"
+        row = row.model_copy(update={"notes": [each, *row.notes[1:]]})
     if spec is None or not row.starts:
         return row
-    fit, notes = profile.throughput, list(row.notes)
+    fit, notes = carried.throughput, list(row.notes)
+    per_server = row.running // row.servers
     plan, tok_s = plan_speculative(
-        profile=profile,
+        profile=carried,
+        hardware=placement.hardware,
         model=spec,
-        running=min(row.running, fit.max_running_fit),
+        running=min(per_server, fit.max_running_fit),
         # the draft's pool has a slot per target token: every DCP rank's share, on each GPU
         draft_slots_per_rank=row.tokens_per_rank * profile.dcp_size,
         fit=fit,
@@ -287,15 +374,41 @@ def plan_profile(
     return row.model_copy(
         update={
             "speculative": plan,
-            **rate_fields(tok_s, fit.band, workload.total_output_tokens),
+            **rate_fields(tok_s * row.servers, fit.band, workload.total_output_tokens),
             "notes": notes,
             "assumptions": assumptions,
         }
     )
 
 
+def _misfit_row(row: PlanRow, why: str) -> PlanRow:
+    """A profile whose servers do not fit the rig's nodes: no pool, no rate, and why."""
+    return row.model_copy(
+        update={
+            "servers": 0,
+            "gpus": 0,
+            "kv_gib_per_rank": 0.0,
+            "tokens_per_rank": 0,
+            "system_tokens": 0,
+            "starts": False,
+            "concurrent_4k": 0,
+            "steady_concurrency": 0,
+            "running": 0,
+            "rated_running": 0,
+            "recommended_max_running_requests": 0,
+            "recommended_concurrency": 0,
+            **rate_fields(0.0, 0.0, 0.0),
+            "notes": [f"does not fit {row.rig}: {why}"],
+        }
+    )
+
+
 def plan_profiles(
-    profiles: Sequence[Profile], workload: Workload, *, accept: AcceptOverride | None = None
+    profiles: Sequence[Profile],
+    workload: Workload,
+    *,
+    accept: AcceptOverride | None = None,
+    rig: Rig | None = None,
 ) -> list[PlanRow]:
-    """One :class:`PlanRow` per profile, in the given order."""
-    return [plan_profile(profile, workload, accept=accept) for profile in profiles]
+    """One :class:`PlanRow` per profile on ``rig`` (default: the reference), in order."""
+    return [plan_profile(profile, workload, accept=accept, rig=rig) for profile in profiles]

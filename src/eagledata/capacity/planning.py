@@ -11,11 +11,12 @@ import itertools
 from collections.abc import Sequence
 
 from eagledata.capacity import PlanRow, Workload
-from eagledata.capacity.planner import plan_from_pool, plan_profiles, rate_fields
+from eagledata.capacity.planner import plan_from_pool, plan_profiles, rate_fields, written_for
 from eagledata.capacity.speculative import AcceptOverride, SpecModel, plan_live_speculative
 from eagledata.config import AppConfig
 from eagledata.errors import ConfigError, ItemError
 from eagledata.profiles.profile import Profile, ThroughputSection
+from eagledata.profiles.rigs import Rig, reference_rig
 from eagledata.server.serverfacts import ServerFacts
 from eagledata.source.conversations import split_turns
 from eagledata.source.dataset import ResolvedDataset, check_local_source
@@ -162,16 +163,29 @@ def measured_acceptance(live: Sequence[tuple[str, ServerFacts]]) -> AcceptOverri
     return None
 
 
+def profiles_for(rig: Rig, profiles: Sequence[Profile]) -> tuple[list[Profile], list[Profile]]:
+    """``(planned, elsewhere)``: the profiles written for ``rig`` (their ``rigs``), and the rest.
+    A rig no launchable profile is written for is planned with the reference rig's, carried
+    over (so the plan says whether they start there)."""
+    planned = [p for p in profiles if rig.name in written_for(p)]
+    if not any(not p.plan_only for p in planned):
+        reference = reference_rig().name
+        planned += [p for p in profiles if reference in written_for(p) and p not in planned]
+    return planned, [p for p in profiles if p not in planned]
+
+
 def build_plan(
     profiles: Sequence[Profile],
     workload: Workload,
     live: Sequence[tuple[str, ServerFacts]] = (),
     *,
     accept_length: float | None = None,
+    rig: Rig | None = None,
 ) -> list[PlanRow]:
-    """Rows for the profiles, then (first) one per running server. Speculative rows use
-    ``accept_length`` when given, else what a running speculative server measured, else their
-    drafter card's figure (marked unverified)."""
+    """Rows for the profiles on ``rig`` (default: the reference), then (first) one per running
+    server. Speculative rows use ``accept_length`` when given, else what a running speculative
+    server measured, else their drafter card's figure (marked unverified)."""
+    target = rig or reference_rig()
     if accept_length is not None:
         if accept_length < 1:
             raise ConfigError("--accept-length: tokens per verify step, at least 1")
@@ -180,7 +194,8 @@ def build_plan(
         )
     else:
         accept = measured_acceptance(live)
-    rows = plan_profiles(profiles, workload, accept=accept)
+    rows = plan_profiles(profiles, workload, accept=accept, rig=target)
     for url, facts in live:
-        rows.insert(0, live_row(url, facts, workload, accept))
+        row = live_row(url, facts, workload, accept)
+        rows.insert(0, row.model_copy(update={"rig": target.name, "nodes": facts.nnodes or 1}))
     return rows

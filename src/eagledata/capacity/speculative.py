@@ -38,7 +38,7 @@ from pydantic import BaseModel, ConfigDict
 
 from eagledata.capacity.memory import GIB
 from eagledata.capacity.stepfit import decode_tok_s
-from eagledata.profiles.profile import Profile, ThroughputSection
+from eagledata.profiles.profile import HardwareSection, Profile, ThroughputSection
 
 SPEEDUP_BATCHES = (8, 16, 32, 64, 128, 150)
 """Running-request counts at which the plan shows the speedup, to make the trade-off visible."""
@@ -147,6 +147,7 @@ def spec_model(profile: Profile, accept_length: float | None = None) -> SpecMode
 def plan_speculative(
     *,
     profile: Profile,
+    hardware: HardwareSection,
     model: SpecModel,
     running: float,
     draft_slots_per_rank: int,
@@ -159,7 +160,7 @@ def plan_speculative(
     DCP, every DCP rank's share: SGLang 0.5.23's draft and target share a slot index space)."""
     draft = profile.draft
     assert draft is not None and profile.speculative_algorithm is not None
-    headroom = profile.hardware.pre_free_gib * (1.0 - profile.mem_fraction_static)
+    headroom = hardware.pre_free_gib * (1.0 - profile.mem_fraction_static)
     draft_kv = draft_slots_per_rank * draft.kv_bytes_per_token / GIB
     left = headroom - draft.weights_gib_per_gpu - draft_kv - draft.graph_gib
     notes.append(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 from typing import Annotated, Any
@@ -13,6 +14,7 @@ from eagledata.cli.shell import (
     ConfigOpt,
     ProfilesDirOpt,
     ServerOpt,
+    fail,
     guarded,
     load_app_config,
 )
@@ -84,9 +86,55 @@ def launch_server(
         Path | None,
         typer.Option(help="The launch script (default: ./scripts/launch_sglang.sh, else shipped)"),
     ] = None,
-    deadline: Annotated[float, typer.Option(help="Seconds to wait for /health")] = 1800.0,
+    deadline: Annotated[
+        float,
+        typer.Option(help="Seconds to wait for /health (--router: for every worker's health)"),
+    ] = 1800.0,
+    node_rank: Annotated[
+        int | None,
+        typer.Option(
+            metavar="R",
+            help="A multi-node profile: this node's rank (0 serves HTTP; 1.. join it)",
+        ),
+    ] = None,
+    dist_init_addr: Annotated[
+        str | None,
+        typer.Option(
+            metavar="HOST:PORT",
+            help="A multi-node profile: node rank 0's address, the same on every node",
+        ),
+    ] = None,
+    router: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--router",
+            metavar="URL",
+            help="Start sglang-router in front of these running servers (repeat), check every "
+            "one's KV cache, and serve them as one URL",
+        ),
+    ] = None,
+    router_port: Annotated[
+        int, typer.Option(metavar="PORT", help="Where --router listens")
+    ] = 30100,
+    router_host: Annotated[
+        str, typer.Option(metavar="HOST", help="Where --router binds")
+    ] = "127.0.0.1",
 ) -> None:
-    """Start SGLang from a profile (bf16 KV enforced); extra args after -- pass through."""
+    """Start SGLang from a profile (bf16 KV enforced); extra args after -- pass through.
+
+    With --router URL...: start sglang-router in front of servers already running instead."""
+    _stop_on_term()
+    if router:
+        _launch_router(
+            router,
+            host=router_host,
+            port=router_port,
+            dry_run=dry_run,
+            deadline=deadline,
+            extra=list(ctx.args),
+            profile_given=profile is not None,
+        )
+        return
     from eagledata.profiles.profile import DEFAULT_PROFILE, load_profile
     from eagledata.server.launch import (
         build_launch_command,
@@ -95,13 +143,17 @@ def launch_server(
         format_command,
         installed_sglang_version,
         launch_and_wait,
+        node_note,
         sglang_python,
+        start_process,
+        stop_process,
     )
     from eagledata.server.serverfacts import format_facts
 
     extra = list(ctx.args)
     script = script or default_script()
     chosen = guarded(lambda: load_profile(profile or DEFAULT_PROFILE, profiles_dir))
+    node = guarded(lambda: chosen.node(node_rank, dist_init_addr))
     picked = "" if profile else " (the default; --profile NAME picks another)"
     python = sglang_python()
     installed = installed_sglang_version(python)
@@ -110,14 +162,27 @@ def launch_server(
             chosen, requested=sglang_version, installed=installed, python=python, dry_run=dry_run
         )
     )
+    command = guarded(
+        lambda: build_launch_command(chosen, extra, version=version, script=str(script), node=node)
+    )
+    typer.echo(f"profile {chosen.name}{picked}: {chosen.source}; {note}", err=True)
+    if node is not None:
+        typer.echo(node_note(chosen, node), err=True)
     if dry_run:
-        command = guarded(
-            lambda: build_launch_command(chosen, extra, version=version, script=str(script))
-        )
-        typer.echo(f"profile {chosen.name}{picked}: {chosen.source}; {note}", err=True)
         typer.echo(format_command(command))
         return
-    typer.echo(f"profile {chosen.name}{picked}: {chosen.source}; {note}", err=True)
+    if node is not None and not node.serves_http:
+        # no /health, no /server_info here: node rank 0 is what is waited on and checked
+        typer.echo(f"starting: {format_command(command)}", err=True)
+        process = guarded(lambda: start_process(command))
+        try:
+            process.wait()
+        except KeyboardInterrupt:
+            stop_process(process)
+            raise typer.Exit(EXIT_INTERRUPTED) from None
+        if process.returncode:
+            raise typer.Exit(process.returncode)
+        return
     import httpx
 
     # the server may be started with --api-key: its checks send the key as every command does
@@ -133,12 +198,90 @@ def launch_server(
                 deadline_s=deadline,
                 on_progress=lambda line: typer.echo(line, err=True),
                 client=http,
+                node=node,
             )
         )
     typer.echo(format_facts(result.facts, result.verdict))
     if not result.verdict.ok:
         raise typer.Exit(4)
     typer.echo(f"server ready at {result.base_url}; eagledata generate --server {result.base_url}")
+    try:
+        result.process.wait()
+    except KeyboardInterrupt:
+        result.stop()
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+    if result.process.returncode:
+        raise typer.Exit(result.process.returncode)
+
+
+def _stop_on_term() -> None:
+    """SIGTERM (``kill``, ``scancel``, the end of a SLURM job) stops what launch-server started,
+    as Ctrl-C does: a server or router in its own process group would outlive a plain exit."""
+    import signal
+
+    with contextlib.suppress(ValueError):  # not the main thread: signals are not ours
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
+
+
+def _launch_router(
+    workers: list[str],
+    *,
+    host: str,
+    port: int,
+    dry_run: bool,
+    deadline: float,
+    extra: list[str],
+    profile_given: bool,
+) -> None:
+    """``launch-server --router URL...``: sglang-router in front of running servers, each
+    worker's KV cache checked; it serves until Ctrl-C."""
+    from eagledata.errors import ConfigError
+    from eagledata.server.launch import format_command
+    from eagledata.server.router import (
+        build_router_command,
+        launch_router,
+        normalize_worker,
+        router_python,
+    )
+
+    if profile_given:
+        fail(ConfigError("--router starts a router in front of running servers: drop --profile"))
+    if dry_run:
+        command = guarded(
+            lambda: build_router_command(
+                [normalize_worker(w) for w in workers],
+                host=host,
+                port=port,
+                python=router_python(),
+                extra_args=extra,
+            )
+        )
+        typer.echo(format_command(command))
+        return
+    import httpx
+
+    settings = ServerSettings()
+    with httpx.Client(
+        timeout=httpx.Timeout(30.0, connect=5.0), headers=_auth_headers(settings)
+    ) as http:
+        result = guarded(
+            lambda: launch_router(
+                workers,
+                host=host,
+                port=port,
+                extra_args=extra,
+                deadline_s=deadline,
+                client=http,
+                on_progress=lambda line: typer.echo(line, err=True),
+                api_key_env=settings.api_key_env,
+            )
+        )
+    for worker in result.workers:
+        typer.echo(f"worker {worker.url}: {worker.verdict.summary()}")
+    typer.echo(
+        f"router ready at {result.url} over {len(result.workers)} workers, each checked; "
+        f"eagledata generate --server {result.url}"
+    )
     try:
         result.process.wait()
     except KeyboardInterrupt:
@@ -182,19 +325,29 @@ def plan(
             "--server, else the drafter card's (unverified)"
         ),
     ] = None,
+    rig: Annotated[
+        str | None,
+        typer.Option(
+            metavar="NAME",
+            help="The GPUs to plan for, from configs/rigs.toml (rtx-pro-6000x8, the reference, "
+            "by default; also h100x8, h100x16, h200x8, b200x8)",
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object, for scripts")] = False,
 ) -> None:
-    """Compare profiles side by side: KV tokens, concurrency, tok/s, wall clock."""
+    """Compare profiles side by side on a rig: KV tokens, concurrency, tok/s, wall clock."""
     import httpx
 
     from eagledata.capacity import REFERENCE_WORKLOAD, render_plan_table
-    from eagledata.capacity.planning import build_plan, measure_workload
+    from eagledata.capacity.planning import build_plan, measure_workload, profiles_for
     from eagledata.profiles.profile import load_profiles
+    from eagledata.profiles.rigs import get_rig, reference_rig
     from eagledata.server.launch import fetch_server_info
     from eagledata.server.serverfacts import ServerFacts
     from eagledata.source.mix import resolve_mix
 
     def build() -> str:
+        target = get_rig(rig) if rig is not None else reference_rig()
         if dataset:
             app_config = load_app_config(config, {"generation.turns": turns})
             workload = measure_workload(
@@ -218,14 +371,17 @@ def plan(
                 info = fetch_server_info(http, url.rstrip("/"), settings.api_key_env)
                 live.append((url, ServerFacts.from_server_info(info)))
         profiles = load_profiles(profile, profiles_dir)
-        rows = build_plan(profiles, workload, live, accept_length=accept_length)
+        # the profiles named are planned whatever rigs they are written for
+        planned, elsewhere = (profiles, []) if profile else profiles_for(target, profiles)
+        rows = build_plan(planned, workload, live, accept_length=accept_length, rig=target)
         if as_json:
             import json
 
             from eagledata.capacity.plan_json import plan_document
 
-            return json.dumps(plan_document(rows, workload), indent=1)
-        return render_plan_table(rows, workload=workload)
+            document = plan_document(rows, workload, rig=target, elsewhere=elsewhere)
+            return json.dumps(document, indent=1)
+        return render_plan_table(rows, workload=workload, rig=target, elsewhere=elsewhere)
 
     typer.echo(guarded(build))
 

@@ -6,9 +6,16 @@ can never drift apart:
 * ``[sglang_args]``: the exact ``launch_server`` flags, in file order (``true`` is a bare flag);
   ``[server]`` adds ``--host``/``--port``. The planner reads tp/dp/dcp/mem fraction from the same
   table.
-* ``[model]`` and ``[hardware]``: the facts the capacity planner needs (KV cell shape, free GPU
-  memory before and after the weights load, extra replicated weights under DP attention).
-* ``[throughput]``: the empirical step-time fit (defaults: the two reference runs).
+* ``[model]``: the facts the capacity planner needs of the model (its KV cell shape, what one GPU
+  holds once the weights load at a given TP size, the extra replicated weights under DP
+  attention). The GPUs are not the profile's: ``configs/rigs.toml`` holds them, and ``plan
+  --rig NAME`` puts every profile on that rig (``rigs`` limits a profile tuned for some rigs to
+  those).
+* ``[throughput]``: the empirical step-time fit on the reference rig (defaults: its two runs);
+  the planner carries it over to another rig.
+
+A server over several nodes says ``nnodes`` in ``[sglang_args]``; which node a command is for
+(``--node-rank``, ``--dist-init-addr``) is ``launch-server``'s to add, never the profile's.
 
 ``sglang_versions`` lists the SGLang releases the profile runs on; ``[sglang_args]`` is written
 once and rendered in each release's spelling (``profiles/releases.py``: ``--cuda-graph-max-bs``
@@ -24,6 +31,7 @@ from __future__ import annotations
 import re
 import tomllib
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -38,6 +46,7 @@ from eagledata.profiles.releases import (
     supported_versions,
     unsupported,
 )
+from eagledata.profiles.rigs import rig_names
 
 DEFAULT_PROFILES_DIR = Path("configs/profiles")
 DEFAULT_PROFILE = "kimi-k25-tp8"
@@ -67,6 +76,9 @@ _FORBIDDEN_KEYS = {
         "write dp-size N with enable-dp-attention = true; launch-server spells it "
         "--attn-dp-size N for the releases that take that"
     ),
+    "node-rank": "each node's own: launch-server --node-rank R (write nnodes here)",
+    "dist-init-addr": "the first node's address: launch-server --dist-init-addr HOST:PORT",
+    "nccl-init-addr": "the first node's address: launch-server --dist-init-addr HOST:PORT",
 }
 
 
@@ -112,6 +124,31 @@ class ModelSection(_Strict):
     head_dim: Annotated[int, Field(gt=0)] | None = None
     v_head_dim: Annotated[int, Field(gt=0)] | None = None
     config_json: str | None = None
+    # what one GPU holds once the model has loaded (the planner's memory facts)
+    resident_gib: Annotated[float, Field(gt=0)]
+    """GiB one GPU holds after the weights load at TP ``resident_tp`` (weights, runtime buffers;
+    Kimi-K2.5 at TP8: 72.53, fitted to the reference runs)."""
+    resident_tp: Annotated[int, Field(gt=0)] = 8
+    replicated_gib: Annotated[float, Field(ge=0)] = 0.0
+    """Of ``resident_gib``, what every GPU holds whatever the TP size (replicated weights,
+    runtime buffers); the rest is split over the TP ranks."""
+    dp_attention_extra_gib: dict[int, Annotated[float, Field(ge=0)]] = {}
+    """Extra replicated attention and embedding weights per GPU under DP attention, by dp."""
+    mm_reservation_gib: Annotated[float, Field(ge=0)] = 0.0
+    """SGLang's VLM reservation when ``resident_gib`` was read from a log directly (a fitted
+    value already absorbs it)."""
+
+    @model_validator(mode="after")
+    def _resident_covers_replicated(self) -> ModelSection:
+        if self.replicated_gib > self.resident_gib:
+            raise ValueError("replicated_gib cannot exceed resident_gib")
+        return self
+
+    def resident_gib_at(self, tp_size: int) -> float:
+        """GiB one GPU holds after loading at ``tp_size``: the replicated part, plus the split
+        part divided over ``tp_size`` ranks instead of ``resident_tp``."""
+        split = (self.resident_gib - self.replicated_gib) * self.resident_tp / tp_size
+        return round(self.replicated_gib + split, 4)
 
     @model_validator(mode="after")
     def _shape_is_known(self) -> ModelSection:
@@ -129,11 +166,12 @@ class ModelSection(_Strict):
 
 
 class HardwareSection(_Strict):
-    """Per-GPU memory facts, as SGLang's pool sizing sees them (GiB).
+    """Per-GPU memory facts of one deployment, as SGLang's pool sizing sees them (GiB): the
+    planner's input, made from a rig and a profile's ``[model]`` (``capacity/placement.py``).
 
-    ``post_free_gib`` is the free memory after the weights load under plain TP; the fitted
-    reference value already absorbs SGLang's small VLM reservation, so ``mm_reservation_gib`` is
-    0 unless ``post_free_gib`` was read from a log directly.
+    ``post_free_gib`` is the free memory after the weights load; the fitted reference value
+    already absorbs SGLang's small VLM reservation, so ``mm_reservation_gib`` is 0 unless
+    ``post_free_gib`` was read from a log directly.
     """
 
     gpu: str
@@ -192,7 +230,6 @@ class Profile(_Strict):
     server: ServerSection = ServerSection()
     sglang_args: dict[str, ArgValue]
     model: ModelSection
-    hardware: HardwareSection
     throughput: ThroughputSection = ThroughputSection()
     draft: DraftSection | None = None
     """Present exactly when ``sglang_args`` turns speculative decoding on."""
@@ -203,6 +240,9 @@ class Profile(_Strict):
     """The one measurement on a real rig that would settle this profile's row."""
     assumptions: list[str] = []
     """What the row rests on that was never run (the plan names each one in the row)."""
+    rigs: list[str] | None = None
+    """The rigs the profile is written for (``configs/rigs.toml``): ``plan --rig NAME`` shows it
+    on those (``--profile`` plans it on any). None: the reference rig."""
 
     @model_validator(mode="before")
     @classmethod
@@ -212,7 +252,26 @@ class Profile(_Strict):
                 "sglang_version: now sglang_versions, a list of the releases the profile runs "
                 f"on (known: {', '.join(supported_versions())})"
             )
+        if isinstance(data, dict) and "hardware" in data:
+            raise ValueError(
+                "[hardware]: the GPUs now live in configs/rigs.toml (plan --rig NAME); what the "
+                "model holds per GPU is [model] resident_gib, replicated_gib and "
+                "dp_attention_extra_gib"
+            )
         return data
+
+    @field_validator("rigs")
+    @classmethod
+    def _known_rigs(cls, names: list[str] | None) -> list[str] | None:
+        if names is None:
+            return None
+        known = rig_names()
+        for name in names:
+            if name not in known:
+                raise ValueError(f"{name!r} is not a rig of configs/rigs.toml ({', '.join(known)})")
+        if not names:
+            raise ValueError("list at least one rig, or leave rigs out (the reference rig)")
+        return names
 
     @field_validator("sglang_versions")
     @classmethod
@@ -258,7 +317,7 @@ class Profile(_Strict):
                 "(fp8 degraded Kimi-K2.5 and poisons drafter data); keep other dtypes only with "
                 "plan_only = true"
             )
-        for key in ("tp-size", "dp-size", "dcp-size"):
+        for key in ("tp-size", "dp-size", "dcp-size", "nnodes"):
             value = args.get(key, 1)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 problems.append(f"sglang_args.{key}: must be a positive integer")
@@ -276,11 +335,13 @@ class Profile(_Strict):
                 )
             if tp % dcp:
                 problems.append(f"sglang_args.dcp-size: {dcp} must divide tp-size {tp}")
-            if tp * (1 if self.enable_dp_attention else dp) > self.hardware.num_gpus:
-                problems.append("sglang_args: needs more GPUs than hardware.num_gpus")
-            if self.enable_dp_attention and dp not in self.hardware.dp_attention_extra_gib:
+            if self.gpus % self.nnodes:
                 problems.append(
-                    f"hardware.dp_attention_extra_gib: no entry for dp {dp} (the extra attention "
+                    f"sglang_args.nnodes: {self.nnodes} nodes cannot share {self.gpus} GPUs evenly"
+                )
+            if self.enable_dp_attention and dp not in self.model.dp_attention_extra_gib:
+                problems.append(
+                    f"model.dp_attention_extra_gib: no entry for dp {dp} (the extra attention "
                     "and embedding weights each GPU holds under DP attention)"
                 )
         problems += self._speculative_problems()
@@ -361,6 +422,20 @@ class Profile(_Strict):
         return self.sglang_args.get("enable-dp-attention") is True
 
     @property
+    def nnodes(self) -> int:
+        """The nodes one server spans (``--nnodes``; 1 when unset)."""
+        return int(self._number("nnodes", 1))
+
+    @property
+    def gpus(self) -> int:
+        """The GPUs one server uses: TP ranks, times DP replicas unless DP is attention's."""
+        return self.tp_size * (1 if self.enable_dp_attention else self.dp_size)
+
+    @property
+    def gpus_per_node(self) -> int:
+        return self.gpus // self.nnodes
+
+    @property
     def max_running_requests(self) -> int | None:
         value = self.sglang_args.get("max-running-requests")
         return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
@@ -411,14 +486,15 @@ class Profile(_Strict):
     def newest_version(self) -> str:
         return max(self.sglang_versions, key=lambda v: self.release(v).key)
 
-    def server_argv(self, version: str) -> list[str]:
+    def server_argv(self, version: str, node: NodeRank | None = None) -> list[str]:
         """The ``launch_server`` arguments this profile means on sglang ``version``, in file
-        order, host/port last."""
-        return self.render(self.release(version))
+        order, then the node's place (a multi-node profile), host/port last."""
+        return self.render(self.release(version), node)
 
-    def render(self, release: Release) -> list[str]:
+    def render(self, release: Release, node: NodeRank | None = None) -> list[str]:
         """The arguments in ``release``'s spelling, whether or not the profile runs on it
-        (the tests show such a release refusing them)."""
+        (the tests show such a release refusing them); a multi-node profile's ``node`` adds
+        ``--node-rank R --dist-init-addr HOST:PORT``."""
         argv: list[str] = []
         for key, value in render_args(self.sglang_args, release):
             flag = f"--{key}"
@@ -428,8 +504,62 @@ class Profile(_Strict):
                 argv += [flag, *(_format_value(v) for v in value)]
             else:
                 argv += [flag, _format_value(value)]
+        if node is not None:
+            argv += ["--node-rank", str(node.rank), "--dist-init-addr", node.dist_init_addr]
         argv += ["--host", self.server.host, "--port", str(self.server.port)]
         return argv
+
+    def node(self, rank: int | None, dist_init_addr: str | None) -> NodeRank | None:
+        """Which node of a multi-node server a command is for; None for a one-node profile.
+        ``ConfigError``, one line naming the fix, when the two are missing, out of range or
+        given to a one-node profile."""
+        if self.nnodes == 1:
+            if rank is not None or dist_init_addr is not None:
+                raise ConfigError(
+                    f"profile {self.name} runs on one node: drop --node-rank and "
+                    "--dist-init-addr (they are for a profile with nnodes > 1)"
+                )
+            return None
+        given = (("--node-rank R", rank), ("--dist-init-addr HOST:PORT", dist_init_addr))
+        missing = [flag for flag, value in given if value is None]
+        if missing:
+            raise ConfigError(
+                f"profile {self.name} spans {self.nnodes} nodes: pass {' and '.join(missing)} "
+                f"(R from 0 to {self.nnodes - 1} on each node; HOST:PORT the node-rank-0 "
+                "node's address, the same on every node)"
+            )
+        assert rank is not None and dist_init_addr is not None
+        if not 0 <= rank < self.nnodes:
+            raise ConfigError(
+                f"--node-rank {rank}: profile {self.name} spans {self.nnodes} nodes, so 0 to "
+                f"{self.nnodes - 1}"
+            )
+        host, _, port = dist_init_addr.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ConfigError(
+                f"--dist-init-addr {dist_init_addr!r}: write HOST:PORT, the node-rank-0 node's "
+                "address and a free port (e.g. 10.0.0.1:50000)"
+            )
+        return NodeRank(rank, dist_init_addr)
+
+
+@dataclass(frozen=True)
+class NodeRank:
+    """Which node of a multi-node server a launch command is for."""
+
+    rank: int
+    dist_init_addr: str
+    """``HOST:PORT`` of node rank 0, where every node meets (``--dist-init-addr``)."""
+
+    @property
+    def serves_http(self) -> bool:
+        """Only node rank 0 runs the tokenizer and the HTTP API; the others run their ranks'
+        schedulers (SGLang's ``Engine._launch_subprocesses``)."""
+        return self.rank == 0
+
+    @property
+    def head_host(self) -> str:
+        return self.dist_init_addr.rpartition(":")[0]
 
 
 def _format_value(value: str | int | float | bool) -> str:

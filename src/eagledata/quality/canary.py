@@ -122,10 +122,12 @@ def _log(
     reason: str,
     measured: Measured | None,
     ranks: Sequence[RankVerdict] = (),
+    via: str | None = None,
 ) -> None:
     line = QualityLine(
         time=time.time(),
         server=url,
+        via=via,
         kind=kind,
         trigger=trigger,
         verdict=verdict,
@@ -151,6 +153,12 @@ class CanaryMonitor:
     checked by the holder. A check that fires is rerun at once; two fires in a row are drift
     (``CanaryDriftError``, exit 4). A token mismatch, or a change past the hard limits, stops at
     once.
+
+    ``targets`` says where a check of a server looks: behind an sglang-router, every worker the
+    KV guard found there (``KVGuard.targets``), each scored directly. The router would send a
+    reference's warm-up and its scoring to workers of its choosing (a cold scoring is blind to the
+    pooled KV), and one degraded worker among healthy ones would be a fraction of one check; so
+    the router's results are vouched for only when every worker passes.
     """
 
     name = "canary"
@@ -164,7 +172,9 @@ class CanaryMonitor:
         max_held: int,
         ledger: LineLog | None,
         facts_key: Callable[[str], object] | None = None,
+        targets: Callable[[str], Sequence[str]] | None = None,
     ) -> None:
+        self.targets = targets or (lambda url: [url])
         self.scorer = scorer
         self.baseline = baseline
         self.period_s = period_s
@@ -192,22 +202,34 @@ class CanaryMonitor:
         return None
 
     async def check(self, url: str, trigger: str) -> None:
-        """Score, compare, log; raise on drift (or ``ServerUnavailableError`` if it cannot)."""
+        """Score, compare, log; raise on drift (or ``ServerUnavailableError`` if it cannot).
+        A router passes when every one of its workers does."""
+        for target in self.targets(url):
+            await self._check_target(target, None if target == url else url, trigger)
+        self._last[url] = time.monotonic()
+        if self.facts_key is not None:
+            self._facts[url] = self.facts_key(url)
+
+    async def _check_target(self, url: str, via: str | None, trigger: str) -> None:
+        """One server (a worker behind the router ``via``) scored against the baseline."""
+        where = url if via is None else f"{url} (behind the router {via})"
         for attempt in range(2):
             try:
                 measured = await self.scorer.score(url, self.baseline.canary_set)
             except ServerUnavailableError as exc:
                 if self.ledger is not None:
-                    _log(self.ledger, url, "check", trigger, "error", {}, {}, str(exc), None)
+                    reason = str(exc)
+                    _log(self.ledger, url, "check", trigger, "error", {}, {}, reason, None, via=via)
                 raise
             self.checks += 1
             self.spent_s += measured.seconds
             stats = compare(measured.scoring, self._reference)
             ranks = rank_verdicts(measured.scoring, self._rank_shares(url), self.baseline)
+            record = (url, via, trigger)
             if measured.mismatch:
-                self._record(url, trigger, "mismatch", stats, measured.mismatch, measured, ranks)
+                self._record(*record, "mismatch", stats, measured.mismatch, measured, ranks)
                 raise CanaryDriftError(
-                    f"{url} failed the canary: {measured.mismatch}; the server is not "
+                    f"{where} failed the canary: {measured.mismatch}; the server is not "
                     "token-faithful; the run is saved: fix the server and run 'eagledata resume "
                     "RUN_DIR'"
                 )
@@ -215,20 +237,17 @@ class CanaryMonitor:
             fires = hard or fired(stats, self._limits) + [f for v in ranks for f in v.fires]
             if not fires:
                 note = f"{measured.cold} references scored cold" if measured.cold else ""
-                self._record(url, trigger, "pass", stats, note, measured, ranks)
-                self._last[url] = time.monotonic()
-                if self.facts_key is not None:
-                    self._facts[url] = self.facts_key(url)
+                self._record(*record, "pass", stats, note, measured, ranks)
                 return
             if hard or attempt == 1:
-                self._record(url, trigger, "drift", stats, "; ".join(fires), measured, ranks)
+                self._record(*record, "drift", stats, "; ".join(fires), measured, ranks)
                 raise CanaryDriftError(
-                    f"{url} drifted from the canary baseline: {fires[0]}; nothing it produced "
+                    f"{where} drifted from the canary baseline: {fires[0]}; nothing it produced "
                     "since its last passing canary was kept; the run is saved: fix the server "
                     "and run 'eagledata resume RUN_DIR'"
                 )
             reason = "; ".join(fires) + " (rerun)"
-            self._record(url, trigger, "fired", stats, reason, measured, ranks)
+            self._record(*record, "fired", stats, reason, measured, ranks)
             trigger = "rerun"
 
     def _rank_shares(self, url: str) -> list[RankShare]:
@@ -241,6 +260,7 @@ class CanaryMonitor:
     def _record(
         self,
         url: str,
+        via: str | None,
         trigger: str,
         verdict: str,
         stats: dict[str, float],
@@ -260,4 +280,5 @@ class CanaryMonitor:
                 reason,
                 measured,
                 ranks,
+                via=via,
             )

@@ -88,7 +88,8 @@ async def start_canary(
         run_dir,
         config,
         scorer,
-        healthy[0],
+        # behind a router, one worker: a reference's warm-up and scoring must meet one cache
+        kv_guard.targets(healthy[0])[0],
         facts.model_path if facts else None,
         prompts,
         ledger,
@@ -101,6 +102,7 @@ async def start_canary(
         max_held=config.server.guard_max_held,
         ledger=ledger,
         facts_key=kv_guard.facts_key,
+        targets=kv_guard.targets,
     )
     for url in healthy:
         await holder.run_check(monitor, url, "start")

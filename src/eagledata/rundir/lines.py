@@ -391,6 +391,9 @@ class QualityLine(Line):
     ranks: list[RankLine] = Field(
         default=[], description="per DP rank verdicts (a check of a server with several)"
     )
+    via: str | None = Field(
+        default=None, description="the router it was checked behind (each worker is scored)"
+    )
 
 
 class TelemetryLine(Line):

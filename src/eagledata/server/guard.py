@@ -41,6 +41,8 @@ class KVGuard:
         self.bf16_bytes_per_token = bf16_bytes_per_token
         self.check_log = check_log
         self.facts: dict[str, ServerFacts] = {}
+        self.workers: dict[str, list[str]] = {}
+        """The workers each router was last checked through (a plain server has none)."""
 
     # --- as one of the checks that release held results (run/holding.py) ------------------
 
@@ -55,6 +57,11 @@ class KVGuard:
         ``attn_dp_size`` in 0.5.23 (where ``dp_size`` is 1 under DP attention)."""
         facts = self.facts.get(url)
         return 1 if facts is None else facts.dp_ranks
+
+    def targets(self, url: str) -> list[str]:
+        """Where a check of ``url`` must look: every worker it routes to when ``url`` is a
+        router the guard has checked, else ``url`` itself (the canary scores each one)."""
+        return list(self.workers.get(url) or [url])
 
     def facts_key(self, url: str) -> object:
         """What of the server's facts a canary re-checks on change (version, dtypes, pool)."""
@@ -100,6 +107,7 @@ class KVGuard:
         # The prompt length limit must suit whichever worker the router picks.
         facts = min(checked, key=lambda f: f.max_req_input_len or f.context_length or 1 << 62)
         self.facts[url] = facts
+        self.workers[url] = list(workers)
         return facts
 
     async def _check_one(self, url: str, via: str | None = None) -> ServerFacts:

@@ -35,7 +35,7 @@ from eagledata.errors import (
     ServerUnavailableError,
 )
 from eagledata.profiles.kv import KVModel
-from eagledata.profiles.profile import BF16_KV_DTYPES, Profile
+from eagledata.profiles.profile import BF16_KV_DTYPES, NodeRank, Profile
 from eagledata.server.answers import auth_error
 from eagledata.server.serverfacts import GuardVerdict, ServerFacts, evaluate_kv_guard
 
@@ -160,25 +160,81 @@ def model_from_argv(argv: Sequence[str]) -> str | None:
     return model
 
 
+_NODE_FLAGS = {
+    "--nnodes": "nnodes is the profile's ([sglang_args] nnodes)",
+    "--node-rank": "pass it to launch-server itself: launch-server --node-rank R",
+    "--dist-init-addr": "pass it to launch-server itself: launch-server --dist-init-addr HOST:PORT",
+    "--nccl-init-addr": "pass it to launch-server itself: launch-server --dist-init-addr HOST:PORT",
+}
+
+
 def build_launch_command(
     profile: Profile,
     extra_args: Sequence[str] = (),
     *,
     version: str,
     script: str | Path = DEFAULT_SCRIPT,
+    node: NodeRank | None = None,
 ) -> list[str]:
     """The exact argv to run: ``script``, the profile's flags as sglang ``version`` spells
-    them, then ``extra_args``. ``ConfigError`` (one line naming the releases the profile runs
-    on) when it has no form for ``version``."""
+    them, a multi-node profile's ``node`` (``--node-rank``, ``--dist-init-addr``), then
+    ``extra_args``. ``ConfigError`` (one line naming the releases the profile runs on) when it
+    has no form for ``version``."""
     if profile.plan_only:
         raise LaunchError(
             f"refused profile {profile.name!r}: it is plan_only, a planner comparison row that "
             f"is never launched (kv-cache-dtype {profile.kv_cache_dtype}: {KV_REASON}). "
             "Fix: launch a bf16 profile such as kimi-k25-tp8"
         )
-    argv = [*profile.server_argv(version), *extra_args]
+    for token in extra_args:
+        name = token.partition("=")[0]
+        if name in _NODE_FLAGS:
+            raise LaunchError(f"refused {name} after --: {_NODE_FLAGS[name]}")
+    argv = [*profile.server_argv(version, node), *extra_args]
     check_server_args(argv)
     return [str(script), *argv]
+
+
+def node_note(profile: Profile, node: NodeRank) -> str:
+    """What one node of a multi-node server does, and where ``generate`` finds the server."""
+    url = f"http://{node.head_host}:{profile.server.port}"
+    if node.serves_http:
+        where = (
+            f"; it listens on {profile.server.host}: run generate on this node, or add -- --host "
+            "0.0.0.0 to reach it from others"
+            if profile.server.host in ("127.0.0.1", "localhost", "::1")
+            else ""
+        )
+        others = "rank 1" if profile.nnodes == 2 else f"ranks 1-{profile.nnodes - 1}"
+        return (
+            f"node rank 0 of {profile.nnodes}: serves the HTTP API once every node has joined "
+            f"(start node {others} with the same --dist-init-addr {node.dist_init_addr}); "
+            f"eagledata generate --server {url}{where}"
+        )
+    return (
+        f"node rank {node.rank} of {profile.nnodes}: runs its share of the model's ranks and no "
+        f"HTTP API; eagledata generate talks to node rank 0 ({url}, the --dist-init-addr host), "
+        "and checks it there"
+    )
+
+
+def start_process(
+    command: Sequence[str], *, env: Mapping[str, str] | None = None, stdout: int | None = None
+) -> subprocess.Popen[bytes]:
+    """Start ``command`` (a server, or a node of one) in its own process group; ``stdout`` a
+    file descriptor for its output (default: ours)."""
+    try:
+        return subprocess.Popen(
+            list(command),
+            start_new_session=True,
+            env=None if env is None else dict(env),
+            stdout=stdout,
+        )
+    except OSError as error:
+        raise LaunchError(
+            f"cannot start {command[0]}: {error.strerror or error}. Fix: run from the "
+            "repository root (scripts/launch_sglang.sh) or pass the script path"
+        ) from None
 
 
 # --- which release is launched --------------------------------------------------------------
@@ -419,6 +475,7 @@ def launch_and_wait(
     client: httpx.Client | None = None,
     env: Mapping[str, str] | None = None,
     stop_on_refusal: bool = True,
+    node: NodeRank | None = None,
 ) -> LaunchResult:
     """Start the server of ``profile``, wait for ``/health``, then run the bf16 guard.
 
@@ -427,7 +484,7 @@ def launch_and_wait(
     ``stop_on_refusal`` is set, the server is stopped too; the result still carries the facts
     and the verdict, so the caller can print why (``result.verdict.raise_if_refused()``).
     """
-    command = build_launch_command(profile, extra_args, version=version, script=script)
+    command = build_launch_command(profile, extra_args, version=version, script=script, node=node)
     expected_model = model_from_argv(command[1:])
     bf16_bytes = KVModel.from_section(
         profile.model, base_dir=str(Path(profile.source).parent) if profile.source else ""
@@ -435,17 +492,7 @@ def launch_and_wait(
     base_url = profile.server.base_url
     if on_progress is not None:
         on_progress(f"starting: {format_command(command)}")
-    try:
-        process = subprocess.Popen(
-            command,
-            start_new_session=True,
-            env=None if env is None else dict(env),
-        )
-    except OSError as error:
-        raise LaunchError(
-            f"cannot start {command[0]}: {error.strerror or error}. Fix: run from the "
-            "repository root (scripts/launch_sglang.sh) or pass the script path"
-        ) from None
+    process = start_process(command, env=env)
 
     own_client = client is None
     http = client or httpx.Client(timeout=httpx.Timeout(30.0, connect=5.0))

@@ -126,6 +126,8 @@ class ServerFacts(_Facts):
     version: Annotated[str | None, Lenient] = None
     dtype: Annotated[str | None, Lenient] = None
     tp_size: Annotated[int | None, Lenient] = None
+    nnodes: Annotated[int | None, Lenient] = None
+    """The nodes the server spans (its ``--nnodes``); only node rank 0 answers HTTP."""
     dp_size: Annotated[int | None, Lenient] = None
     attn_dp_size: Annotated[int | None, Lenient] = None
     """0.5.23: the attention-DP width (``dp_size`` then counts replicas: 1 under DP attention)."""
