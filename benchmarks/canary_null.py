@@ -2,6 +2,7 @@
 
     python benchmarks/canary_null.py [--baselines 6] [--checks 1000] [--ranks 4]
     python benchmarks/canary_null.py --self-check 200 [--offline 5000] [--degraded 20]
+        [--references 4 --reference-tokens 24] [--idle-runs 1 --load-runs 1]
 
 For each of ``--baselines`` baselines (recorded over HTTP on a fresh simulated server with
 ``logprob_noise=0.01`` and ``routing_flip_rate=0.01``, the small canary of tests/test_canary.py:
@@ -47,10 +48,13 @@ from eagledata.simserver import SimServerThread
 
 def _settings(args: argparse.Namespace) -> CanarySettings:
     if args.references is None:
-        return CanarySettings(**canary_tests.SMALL)
-    return CanarySettings(
-        enabled=True, prompts=args.references, reference_tokens=args.reference_tokens
-    )
+        settings = CanarySettings(**canary_tests.SMALL)
+    else:
+        settings = CanarySettings(
+            enabled=True, prompts=args.references, reference_tokens=args.reference_tokens
+        )
+    runs = {"baseline_idle_runs": args.idle_runs, "baseline_load_runs": args.load_runs}
+    return settings.model_copy(update={k: v for k, v in runs.items() if v is not None})
 
 
 def _record(
@@ -185,6 +189,8 @@ if __name__ == "__main__":
         "--references", type=int, default=None, help="a canary of this many (default: 6 x 48)"
     )
     parser.add_argument("--reference-tokens", type=int, default=512)
+    parser.add_argument("--idle-runs", type=int, default=None, help="the baseline's idle scorings")
+    parser.add_argument("--load-runs", type=int, default=None, help="and its loaded ones")
     parsed = parser.parse_args()
     if parsed.self_check or parsed.offline or parsed.degraded:
         self_check_main(parsed)

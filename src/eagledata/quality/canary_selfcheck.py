@@ -31,7 +31,9 @@ The steps and the trend are a dozen comparisons per baseline, each against the n
 pairs than a check's threshold rests on, so each gets ``MARGIN`` times a check's room.
 
 What it cannot see: a server already degraded when it sampled the references (use a shared
-baseline recorded on a known-good server), and a change smaller than the noise.
+baseline recorded on a known-good server), a change smaller than the noise, and anything in a
+baseline of two scorings (``baseline_idle_runs + baseline_load_runs`` of 2; the default is 6): one
+pair of scorings is too thin a noise estimate to judge against, so every test is skipped.
 """
 
 from __future__ import annotations
@@ -64,6 +66,13 @@ MIN_SIDE_PAIRS = 1
 """A step is judged only when at least one side has a pair of scorings to show its noise."""
 MIN_TREND_RUNS = 4
 """A line through fewer scorings leaves too few to measure the noise around it."""
+MIN_SAMPLED_RUNS = 3
+"""The references-as-sampled test needs three pairs of scorings (three scorings) behind its
+threshold. From one pair, the threshold is that pair's chance difference times four, often under
+the floor: a healthy two-scoring baseline of 4 x 24 tokens was refused 85 times in 2,000 (the
+simulator's model with its batch noise); with three scorings this test refused 12 in 2,000, with
+six 1 in 2,000 (``benchmarks/canary_null.py --offline 2000 --references 4 --reference-tokens 24
+--idle-runs 1 --load-runs 1``, then 2 and 1, then 3 and 3)."""
 
 
 @dataclass(frozen=True)
@@ -167,7 +176,7 @@ def _trend(runs: Sequence[Scoring], rules: Rules) -> Finding | None:
 
 
 def _sampled(runs: Sequence[Scoring], rules: Rules, sampled: np.ndarray | None) -> Finding | None:
-    if sampled is None or len(runs) < 2:
+    if sampled is None or len(runs) < MIN_SAMPLED_RUNS:
         return None
     reference = median_reference(runs).lps
     if sampled.shape != reference.shape:
