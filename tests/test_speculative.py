@@ -26,7 +26,8 @@ from eagledata.rundir.status import run_status
 from eagledata.server.client import LOADS_ROUTE
 from eagledata.server.launch import build_launch_command
 from eagledata.server.loads import parse_metrics, parse_v1_loads
-from eagledata.server.serverfacts import ServerFacts, evaluate_kv_guard
+from eagledata.server.serverfacts import ServerFacts
+from eagledata.server.verdict import evaluate_kv_guard
 from eagledata.simserver import SimServerThread
 
 PROFILES_DIR = REPO / "configs" / "profiles"

@@ -47,8 +47,8 @@ def check_server(
     """Print a server's facts and the bf16 verdict; exit non-zero if it would be refused."""
     import httpx
 
+    from eagledata.server.facts_report import format_facts
     from eagledata.server.launch import check_running_server
-    from eagledata.server.serverfacts import format_facts
 
     def check() -> tuple[Any, Any]:
         server = _server_settings(config)
@@ -136,6 +136,7 @@ def launch_server(
         )
         return
     from eagledata.profiles.profile import DEFAULT_PROFILE, load_profile
+    from eagledata.server.facts_report import format_facts
     from eagledata.server.launch import (
         build_launch_command,
         choose_version,
@@ -148,7 +149,6 @@ def launch_server(
         start_process,
         stop_process,
     )
-    from eagledata.server.serverfacts import format_facts
 
     extra = list(ctx.args)
     script = script or default_script()

@@ -37,7 +37,8 @@ from eagledata.errors import (
 from eagledata.profiles.kv import KVModel
 from eagledata.profiles.profile import BF16_KV_DTYPES, NodeRank, Profile
 from eagledata.server.answers import auth_error
-from eagledata.server.serverfacts import GuardVerdict, ServerFacts, evaluate_kv_guard
+from eagledata.server.serverfacts import ServerFacts
+from eagledata.server.verdict import GuardVerdict, evaluate_kv_guard
 
 DEFAULT_SCRIPT = Path("scripts/launch_sglang.sh")
 

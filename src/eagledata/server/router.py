@@ -31,7 +31,8 @@ from eagledata.server.launch import (
     start_process,
     stop_process,
 )
-from eagledata.server.serverfacts import GuardVerdict, ServerFacts
+from eagledata.server.serverfacts import ServerFacts
+from eagledata.server.verdict import GuardVerdict
 
 ROUTER_MODULE = "sglang_router.launch_router"
 DEFAULT_ROUTER_PORT = 30100
