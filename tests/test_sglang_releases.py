@@ -40,7 +40,7 @@ from eagledata.profiles.profile import Profile, load_profiles
 from eagledata.profiles.releases import Release, releases, unsupported
 from eagledata.run import pipeline
 from eagledata.server import client as client_module
-from eagledata.server.launch import check_server_args
+from eagledata.server.launch_args import check_server_args
 from eagledata.server.loads import METRIC_NAMES
 from eagledata.server.serverfacts import BOTH_PIN_FIELDS, ServerFacts
 from eagledata.simserver import SimServerThread

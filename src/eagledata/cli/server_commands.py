@@ -48,7 +48,7 @@ def check_server(
     import httpx
 
     from eagledata.server.facts_report import format_facts
-    from eagledata.server.launch import check_running_server
+    from eagledata.server.readiness import check_running_server
 
     def check() -> tuple[Any, Any]:
         server = _server_settings(config)
@@ -139,15 +139,17 @@ def launch_server(
     from eagledata.server.facts_report import format_facts
     from eagledata.server.launch import (
         build_launch_command,
-        choose_version,
         default_script,
         format_command,
-        installed_sglang_version,
         launch_and_wait,
         node_note,
-        sglang_python,
         start_process,
         stop_process,
+    )
+    from eagledata.server.launch_release import (
+        choose_version,
+        installed_sglang_version,
+        sglang_python,
     )
 
     extra = list(ctx.args)
@@ -342,7 +344,7 @@ def plan(
     from eagledata.capacity.planning import build_plan, measure_workload, profiles_for
     from eagledata.profiles.profile import load_profiles
     from eagledata.profiles.rigs import get_rig, reference_rig
-    from eagledata.server.launch import fetch_server_info
+    from eagledata.server.readiness import fetch_server_info
     from eagledata.server.serverfacts import ServerFacts
     from eagledata.source.mix import resolve_mix
 

@@ -3,5 +3,6 @@
 ``client`` (over ``pools``), ``answers`` and ``responses`` speak SGLang's HTTP contract;
 ``serverfacts`` reads a server (as its release reports, ``profiles/releases``), ``verdict`` and
 ``guard`` judge it, ``facts_report`` shows both;
-``launch`` starts one from a checked profile, in the spelling of the release it launches.
+``launch`` starts one from a checked profile (``launch_args``: its argv holds bf16 KV;
+``launch_release``: the release it is spelled for; ``readiness``: ``/health`` and the guard).
 """
