@@ -23,7 +23,7 @@ from eagledata.profiles.profile import ThroughputSection, load_profiles, parse_p
 from eagledata.profiles.releases import supported_versions
 from eagledata.run import pipeline
 from eagledata.rundir.status import run_status
-from eagledata.server.client import LOADS_ROUTE
+from eagledata.server.control import LOADS_ROUTE
 from eagledata.server.launch import build_launch_command
 from eagledata.server.loads import parse_metrics, parse_v1_loads
 from eagledata.server.serverfacts import ServerFacts
