@@ -18,7 +18,8 @@ import httpx
 import pytest
 
 from eagledata.errors import ConfigError, LaunchError
-from eagledata.profiles.profile import Profile, list_profiles, load_profile, parse_profile
+from eagledata.profiles.loading import list_profiles, load_profile, parse_profile
+from eagledata.profiles.profile import Profile
 from eagledata.server.launch import build_launch_command, format_command, launch_and_wait
 from eagledata.server.launch_args import check_server_args, model_from_argv
 from eagledata.server.launch_release import choose_version, installed_sglang_version

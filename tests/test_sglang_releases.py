@@ -36,7 +36,8 @@ import pytest
 import sglangkit
 from conftest import REPO, SAMPLES, make_config, sim_config
 from eagledata.errors import LaunchError
-from eagledata.profiles.profile import Profile, load_profiles
+from eagledata.profiles.loading import load_profiles
+from eagledata.profiles.profile import Profile
 from eagledata.profiles.releases import Release, releases, unsupported
 from eagledata.run import pipeline
 from eagledata.server import client as client_module

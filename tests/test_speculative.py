@@ -19,8 +19,9 @@ from eagledata.capacity import REFERENCE_WORKLOAD, plan_profiles
 from eagledata.capacity.speculative import SPEEDUP_BATCHES, SpecModel
 from eagledata.cli import app
 from eagledata.errors import CanaryDriftError, ConfigError, LaunchError
-from eagledata.profiles.profile import ThroughputSection, load_profiles, parse_profile
+from eagledata.profiles.loading import load_profiles, parse_profile
 from eagledata.profiles.releases import supported_versions
+from eagledata.profiles.sections import ThroughputSection
 from eagledata.run import pipeline
 from eagledata.rundir.status import run_status
 from eagledata.server.control import LOADS_ROUTE

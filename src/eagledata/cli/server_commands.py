@@ -135,7 +135,7 @@ def launch_server(
             profile_given=profile is not None,
         )
         return
-    from eagledata.profiles.profile import DEFAULT_PROFILE, load_profile
+    from eagledata.profiles.loading import DEFAULT_PROFILE, load_profile
     from eagledata.server.facts_report import format_facts
     from eagledata.server.launch import (
         build_launch_command,
@@ -342,7 +342,7 @@ def plan(
 
     from eagledata.capacity import REFERENCE_WORKLOAD, render_plan_table
     from eagledata.capacity.planning import build_plan, measure_workload, profiles_for
-    from eagledata.profiles.profile import load_profiles
+    from eagledata.profiles.loading import load_profiles
     from eagledata.profiles.rigs import get_rig, reference_rig
     from eagledata.server.readiness import fetch_server_info
     from eagledata.server.serverfacts import ServerFacts
