@@ -18,7 +18,7 @@ from pathlib import Path
 from eagledata.capacity import REFERENCE_WORKLOAD
 from eagledata.capacity.planner import PlanRow, best_key, plan_profiles
 from eagledata.capacity.planning import profiles_for
-from eagledata.profiles.profile import load_profiles
+from eagledata.profiles.loading import load_profiles
 from eagledata.profiles.rigs import Rig, rigs
 
 ROOT = Path(__file__).resolve().parents[1]

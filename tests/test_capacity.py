@@ -25,8 +25,9 @@ from eagledata.capacity import (
 )
 from eagledata.capacity.placement import hardware_on
 from eagledata.errors import ConfigError
-from eagledata.profiles.profile import ThroughputSection, load_profiles
+from eagledata.profiles.loading import load_profiles
 from eagledata.profiles.rigs import reference_rig
+from eagledata.profiles.sections import ThroughputSection
 
 PROFILES_DIR = Path(__file__).resolve().parents[1] / "configs" / "profiles"
 HW = RTX_PRO_6000_X8_KIMI_K25

@@ -18,17 +18,12 @@ import httpx
 import pytest
 
 from eagledata.errors import ConfigError, LaunchError
-from eagledata.profiles.profile import Profile, list_profiles, load_profile, parse_profile
-from eagledata.server.launch import (
-    build_launch_command,
-    check_server_args,
-    choose_version,
-    format_command,
-    installed_sglang_version,
-    launch_and_wait,
-    model_from_argv,
-    wait_for_health,
-)
+from eagledata.profiles.loading import list_profiles, load_profile, parse_profile
+from eagledata.profiles.profile import Profile
+from eagledata.server.launch import build_launch_command, format_command, launch_and_wait
+from eagledata.server.launch_args import check_server_args, model_from_argv
+from eagledata.server.launch_release import choose_version, installed_sglang_version
+from eagledata.server.readiness import wait_for_health
 
 REPO = Path(__file__).resolve().parents[1]
 PROFILES_DIR = REPO / "configs" / "profiles"

@@ -79,7 +79,8 @@ def test_every_module_sits_in_a_known_concern() -> None:
 
 def test_the_top_level_holds_only_the_settings_the_errors_and_two_primitives() -> None:
     top = {p.stem for p in PACKAGE.glob("*.py")}
-    assert top == {"__init__", "config", "errors", "tasks", "atomic"}
+    assert top == {"__init__", "errors", "tasks", "atomic"}
+    assert (PACKAGE / "config" / "__init__.py").is_file()  # the settings: a package by section
     assert (PACKAGE / "cli" / "__init__.py").is_file()  # the shell: a package of its commands
 
 

@@ -15,7 +15,8 @@ from typer.testing import CliRunner, Result
 from conftest import REPO
 from eagledata.cli import app
 from eagledata.errors import ConfigError, LaunchError
-from eagledata.profiles.profile import NodeRank, load_profile
+from eagledata.profiles.loading import load_profile
+from eagledata.profiles.profile import NodeRank
 from eagledata.server.launch import build_launch_command
 
 runner = CliRunner()

@@ -31,8 +31,10 @@ from eagledata.profiles.releases import supported_versions
 from eagledata.run import pipeline
 from eagledata.run.loadcontrol import LoadController, ServerPlan
 from eagledata.server.client import SGLangClient
+from eagledata.server.facts_report import format_facts
 from eagledata.server.guard import KVGuard
-from eagledata.server.serverfacts import ServerFacts, evaluate_kv_guard, format_facts
+from eagledata.server.serverfacts import ServerFacts
+from eagledata.server.verdict import evaluate_kv_guard
 from eagledata.simserver import SimConfig, SimServerThread
 from eagledata.simserver.server_info import server_info
 

@@ -19,7 +19,7 @@ from eagledata.capacity.planner import plan_profile, plan_profiles
 from eagledata.capacity.planning import profiles_for
 from eagledata.cli import app
 from eagledata.errors import ConfigError
-from eagledata.profiles.profile import load_profile, load_profiles, parse_profile
+from eagledata.profiles.loading import load_profile, load_profiles, parse_profile
 from eagledata.profiles.rigs import get_rig, reference_rig, rig_names, rigs
 
 runner = CliRunner()

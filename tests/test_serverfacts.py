@@ -7,7 +7,9 @@ from typing import Any
 import pytest
 
 from eagledata.errors import ServerRefusedError
-from eagledata.server.serverfacts import ServerFacts, evaluate_kv_guard, format_facts
+from eagledata.server.facts_report import format_facts
+from eagledata.server.serverfacts import ServerFacts
+from eagledata.server.verdict import evaluate_kv_guard
 
 KIMI = "moonshotai/Kimi-K2.5"
 BF16_BPT = 70_272

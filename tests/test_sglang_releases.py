@@ -36,11 +36,12 @@ import pytest
 import sglangkit
 from conftest import REPO, SAMPLES, make_config, sim_config
 from eagledata.errors import LaunchError
-from eagledata.profiles.profile import Profile, load_profiles
+from eagledata.profiles.loading import load_profiles
+from eagledata.profiles.profile import Profile
 from eagledata.profiles.releases import Release, releases, unsupported
 from eagledata.run import pipeline
 from eagledata.server import client as client_module
-from eagledata.server.launch import check_server_args
+from eagledata.server.launch_args import check_server_args
 from eagledata.server.loads import METRIC_NAMES
 from eagledata.server.serverfacts import BOTH_PIN_FIELDS, ServerFacts
 from eagledata.simserver import SimServerThread

@@ -19,14 +19,16 @@ from eagledata.capacity import REFERENCE_WORKLOAD, plan_profiles
 from eagledata.capacity.speculative import SPEEDUP_BATCHES, SpecModel
 from eagledata.cli import app
 from eagledata.errors import CanaryDriftError, ConfigError, LaunchError
-from eagledata.profiles.profile import ThroughputSection, load_profiles, parse_profile
+from eagledata.profiles.loading import load_profiles, parse_profile
 from eagledata.profiles.releases import supported_versions
+from eagledata.profiles.sections import ThroughputSection
 from eagledata.run import pipeline
 from eagledata.rundir.status import run_status
-from eagledata.server.client import LOADS_ROUTE
+from eagledata.server.control import LOADS_ROUTE
 from eagledata.server.launch import build_launch_command
 from eagledata.server.loads import parse_metrics, parse_v1_loads
-from eagledata.server.serverfacts import ServerFacts, evaluate_kv_guard
+from eagledata.server.serverfacts import ServerFacts
+from eagledata.server.verdict import evaluate_kv_guard
 from eagledata.simserver import SimServerThread
 
 PROFILES_DIR = REPO / "configs" / "profiles"

@@ -1,8 +1,9 @@
 """The typer app: every command registered, in the order ``--help`` lists them.
 
 The commands live by what they act on (``data_commands``: work sent to a server;
-``run_dir_commands``: run directories read; ``server_commands``: servers checked, launched,
-planned or simulated); ``shell`` holds what they share. ``eagledata.cli.main`` starts it.
+``run_dir_commands``: run directories read; ``server_commands``: servers checked, planned or
+simulated; ``launch_commands``: servers launched); ``shell`` holds what they share.
+``eagledata.cli.main`` starts it.
 """
 
 from __future__ import annotations
@@ -10,8 +11,9 @@ from __future__ import annotations
 import typer
 
 from eagledata.cli.data_commands import canary, generate, resume
+from eagledata.cli.launch_commands import launch_server
 from eagledata.cli.run_dir_commands import export, report, status, verify
-from eagledata.cli.server_commands import check_server, launch_server, plan, sim_server
+from eagledata.cli.server_commands import check_server, plan, sim_server
 
 app = typer.Typer(
     add_completion=False,

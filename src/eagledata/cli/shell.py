@@ -1,8 +1,10 @@
 """What every command shares: one stderr line per error and its exit code, the common
-options, the config a command loads, and the end of a run's output."""
+options, the config a command loads (and its server settings, the API key's header), and the end
+of a run's output."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
@@ -10,7 +12,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 
 from eagledata.cli.interrupts import EXIT_INTERRUPTED, hand_back
-from eagledata.config import AppConfig, default_config_path, load_config
+from eagledata.config import AppConfig, ServerSettings, default_config_path, load_config
 from eagledata.errors import EagledataError
 
 T = TypeVar("T")
@@ -83,6 +85,21 @@ FLAG_NAMES = {
 
 def load_app_config(config_path: Path | None, overrides: dict[str, Any]) -> AppConfig:
     return load_config(config_path or default_config_path(), overrides, FLAG_NAMES)
+
+
+def server_settings(config_path: Path | None) -> ServerSettings:
+    """The config's server settings (the model and bf16 bytes/token the guard expects, the
+    API key's variable), the defaults when there is no config."""
+    path = config_path or default_config_path()
+    if path is None:
+        return ServerSettings()
+    return load_config(path).server
+
+
+def auth_headers(server: ServerSettings) -> dict[str, str]:
+    """The bearer header every command sends (``server.api_key_env``), if the key is set."""
+    key = os.environ.get(server.api_key_env)
+    return {"Authorization": f"Bearer {key}"} if key else {}
 
 
 EXIT_NOTHING_WRITTEN = 7

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from eagledata.errors import ConfigError
-from eagledata.profiles.profile import ModelSection
+from eagledata.profiles.sections import ModelSection
 
 KV_DTYPE_BYTES: dict[str, float] = {
     "bf16": 2,

@@ -24,20 +24,20 @@ release that lacks one of the profile's flags, or refuses its combination, canno
 
 Every launchable profile passes ``--kv-cache-dtype bf16``. A profile with another KV dtype may
 exist only as ``plan_only = true`` (a comparison row for ``plan``); ``launch-server`` refuses it.
+
+This module holds ``Profile`` (its checks, what the planner and the launcher read of it, its
+flags rendered for a release) and ``NodeRank``; the tables beside the flags are
+``profiles/sections.py``'s, the rules of ``[sglang_args]`` ``profiles/sglang_args.py``'s, and
+finding and reading the files ``profiles/loading.py``'s.
 """
 
 from __future__ import annotations
 
-import re
-import tomllib
-from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from eagledata.config import format_validation_error, shipped_path
 from eagledata.errors import ConfigError
 from eagledata.profiles.releases import (
     Release,
@@ -47,177 +47,20 @@ from eagledata.profiles.releases import (
     unsupported,
 )
 from eagledata.profiles.rigs import rig_names
+from eagledata.profiles.sections import DraftSection, ModelSection, ServerSection
 
-DEFAULT_PROFILES_DIR = Path("configs/profiles")
-DEFAULT_PROFILE = "kimi-k25-tp8"
-"""The profile ``launch-server`` uses when none is named: plain TP8, tuned, bf16."""
+# capacity/ reads these with the profiles it plans: named here too
+from eagledata.profiles.sections import HardwareSection as HardwareSection
+from eagledata.profiles.sections import ThroughputSection as ThroughputSection
+from eagledata.profiles.sglang_args import ArgValue, arg_key_problems, speculative_problems
+
 BF16_KV_DTYPES = frozenset({"bf16", "bfloat16"})
 
-ArgValue = str | int | float | bool | list[str | int | float]
 
-_FLAG_KEY = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
-
-# Keys a profile must spell canonically: the planner and the guard read them by these names.
-_CANONICAL_KEYS = {
-    "model": "model-path",
-    "tensor-parallel-size": "tp-size",
-    "tp": "tp-size",
-    "data-parallel-size": "dp-size",
-    "dp": "dp-size",
-    "decode-context-parallel-size": "dcp-size",
-}
-# Keys owned elsewhere or refused outright.
-_FORBIDDEN_KEYS = {
-    "host": "set [server] host instead",
-    "port": "set [server] port instead",
-    "config": "a --config YAML file can set the KV cache dtype out of sight; put flags here",
-    "quantization-param-path": "KV scaling factors exist only for an fp8 KV cache",
-    "attn-dp-size": (
-        "write dp-size N with enable-dp-attention = true; launch-server spells it "
-        "--attn-dp-size N for the releases that take that"
-    ),
-    "node-rank": "each node's own: launch-server --node-rank R (write nnodes here)",
-    "dist-init-addr": "the first node's address: launch-server --dist-init-addr HOST:PORT",
-    "nccl-init-addr": "the first node's address: launch-server --dist-init-addr HOST:PORT",
-}
-
-
-_SPECULATIVE_SHAPE_KEYS = (
-    "speculative-num-steps",
-    "speculative-eagle-topk",
-    "speculative-num-draft-tokens",
-)
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class ServerSection(_Strict):
-    """Where the server listens, and where eagledata reaches it."""
-
-    host: str = "127.0.0.1"
-    port: Annotated[int, Field(ge=1, le=65535)] = 30000
-
-    @property
-    def base_url(self) -> str:
-        """The URL to poll: a wildcard bind address is reached on loopback."""
-        host = "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
-        if ":" in host and not host.startswith("["):
-            host = f"[{host}]"
-        return f"http://{host}:{self.port}"
-
-
-class ModelSection(_Strict):
-    """The KV-cache shape of the served model (fields of its ``config.json``).
-
-    ``config_json`` (relative to the profile file) may replace the shape fields; for Kimi-K2.5
-    the shape lives under ``text_config`` there, which the planner handles.
-    """
-
-    name: str
-    attention: Literal["mla", "mha"] = "mla"
-    num_hidden_layers: Annotated[int, Field(gt=0)] | None = None
-    kv_lora_rank: Annotated[int, Field(gt=0)] | None = None
-    qk_rope_head_dim: Annotated[int, Field(ge=0)] | None = None
-    num_key_value_heads: Annotated[int, Field(gt=0)] | None = None
-    head_dim: Annotated[int, Field(gt=0)] | None = None
-    v_head_dim: Annotated[int, Field(gt=0)] | None = None
-    config_json: str | None = None
-    # what one GPU holds once the model has loaded (the planner's memory facts)
-    resident_gib: Annotated[float, Field(gt=0)]
-    """GiB one GPU holds after the weights load at TP ``resident_tp`` (weights, runtime buffers;
-    Kimi-K2.5 at TP8: 72.53, fitted to the reference runs)."""
-    resident_tp: Annotated[int, Field(gt=0)] = 8
-    replicated_gib: Annotated[float, Field(ge=0)] = 0.0
-    """Of ``resident_gib``, what every GPU holds whatever the TP size (replicated weights,
-    runtime buffers); the rest is split over the TP ranks."""
-    dp_attention_extra_gib: dict[int, Annotated[float, Field(ge=0)]] = {}
-    """Extra replicated attention and embedding weights per GPU under DP attention, by dp."""
-    mm_reservation_gib: Annotated[float, Field(ge=0)] = 0.0
-    """SGLang's VLM reservation when ``resident_gib`` was read from a log directly (a fitted
-    value already absorbs it)."""
-
-    @model_validator(mode="after")
-    def _resident_covers_replicated(self) -> ModelSection:
-        if self.replicated_gib > self.resident_gib:
-            raise ValueError("replicated_gib cannot exceed resident_gib")
-        return self
-
-    def resident_gib_at(self, tp_size: int) -> float:
-        """GiB one GPU holds after loading at ``tp_size``: the replicated part, plus the split
-        part divided over ``tp_size`` ranks instead of ``resident_tp``."""
-        split = (self.resident_gib - self.replicated_gib) * self.resident_tp / tp_size
-        return round(self.replicated_gib + split, 4)
-
-    @model_validator(mode="after")
-    def _shape_is_known(self) -> ModelSection:
-        if self.config_json is not None:
-            return self
-        needed = (
-            ("num_hidden_layers", "kv_lora_rank", "qk_rope_head_dim")
-            if self.attention == "mla"
-            else ("num_hidden_layers", "num_key_value_heads", "head_dim")
-        )
-        missing = [key for key in needed if getattr(self, key) is None]
-        if missing:
-            raise ValueError(f"{self.attention} needs {', '.join(missing)} (or config_json)")
-        return self
-
-
-class HardwareSection(_Strict):
-    """Per-GPU memory facts of one deployment, as SGLang's pool sizing sees them (GiB): the
-    planner's input, made from a rig and a profile's ``[model]`` (``capacity/placement.py``).
-
-    ``post_free_gib`` is the free memory after the weights load; the fitted reference value
-    already absorbs SGLang's small VLM reservation, so ``mm_reservation_gib`` is 0 unless
-    ``post_free_gib`` was read from a log directly.
-    """
-
-    gpu: str
-    num_gpus: Annotated[int, Field(gt=0)]
-    pre_free_gib: Annotated[float, Field(gt=0)]
-    post_free_gib: float
-    mm_reservation_gib: Annotated[float, Field(ge=0)] = 0.0
-    dp_attention_extra_gib: dict[int, Annotated[float, Field(ge=0)]] = {}
-
-
-class ThroughputSection(_Strict):
-    """Decode step-time fit ``tok/s = N / (step_base_s + step_per_request_s * N)``."""
-
-    step_base_s: Annotated[float, Field(gt=0)] = 0.077
-    step_per_request_s: Annotated[float, Field(ge=0)] = 0.00018
-    band: Annotated[float, Field(ge=0, lt=1)] = 0.25
-    max_running_fit: Annotated[int, Field(gt=0)] = 150
-    """The fit holds to about this many running requests; above it compute flattens the curve."""
-    max_running_cap: Annotated[int, Field(gt=0)] = 256
-    """Never recommend more running requests than this (compute-bound, not KV-bound)."""
-
-
-class DraftSection(_Strict):
-    """A speculative profile's draft model: what the planner needs beyond the flags.
-
-    The draft's weights, KV pool and CUDA graphs load after the target has sized its KV pool, so
-    they come out of the ``(1 - mem_fraction_static)`` headroom (SGLang's own default fraction
-    reserves 2 GiB more for "eagle draft models and cuda graphs", ``server_args.py``).
-    """
-
-    name: str
-    """Must equal ``sglang_args.speculative-draft-model-path``."""
-    accept_length: Annotated[float, Field(gt=1)]
-    """Tokens per verify step (accepted drafts + the target's own token), SGLang's definition."""
-    accept_length_source: str
-    weights_gib_per_gpu: Annotated[float, Field(ge=0)]
-    kv_bytes_per_token: Annotated[int, Field(ge=0)]
-    """Draft KV per token on one rank (bf16); its pool has as many tokens as the target's."""
-    graph_gib: Annotated[float, Field(ge=0)] = 1.0
-    draft_step_s: Annotated[float, Field(gt=0)] = 0.0015
-    """One draft forward: about one target layer's share of the step floor (0.077 s / 61)."""
-    draft_step_per_request_s: Annotated[float, Field(ge=0)] = 0.000003
-
-
-class Profile(_Strict):
+class Profile(BaseModel):
     """One launch profile. ``name`` and ``source`` are filled in by the loader."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)  # as each of its tables (sections)
 
     name: str
     source: str = ""
@@ -289,19 +132,7 @@ class Profile(_Strict):
     @field_validator("sglang_args")
     @classmethod
     def _check_arg_keys(cls, args: dict[str, ArgValue]) -> dict[str, ArgValue]:
-        problems: list[str] = []
-        for key, value in args.items():
-            if not _FLAG_KEY.match(key):
-                problems.append(f"{key!r} is not a flag name (write tp-size, not --tp-size)")
-            elif key in _CANONICAL_KEYS:
-                problems.append(f"{key!r}: write {_CANONICAL_KEYS[key]!r}")
-            elif key in _FORBIDDEN_KEYS:
-                problems.append(f"{key!r} is not allowed: {_FORBIDDEN_KEYS[key]}")
-            elif value is False:
-                problems.append(f"{key!r} = false: delete the key to leave a flag off")
-        for key in ("model-path", "kv-cache-dtype", "mem-fraction-static"):
-            if key not in args:
-                problems.append(f"{key!r} is required")
+        problems = arg_key_problems(args)
         if problems:
             raise ValueError("; ".join(problems))
         return args
@@ -344,7 +175,7 @@ class Profile(_Strict):
                     f"model.dp_attention_extra_gib: no entry for dp {dp} (the extra attention "
                     "and embedding weights each GPU holds under DP attention)"
                 )
-        problems += self._speculative_problems()
+        problems += speculative_problems(self.sglang_args, self.draft)
         for version in self.sglang_versions:
             release = get_release(version)
             assert release is not None  # checked by _known_releases
@@ -355,41 +186,6 @@ class Profile(_Strict):
         if problems:
             raise ValueError("; ".join(problems))
         return self
-
-    def _speculative_problems(self) -> list[str]:
-        args, problems = self.sglang_args, []
-        algorithm = args.get("speculative-algorithm")
-        if algorithm is None:
-            if self.draft is not None:
-                problems.append("[draft] needs sglang_args.speculative-algorithm")
-            return problems
-        if algorithm not in ("EAGLE3", "EAGLE"):
-            problems.append("sglang_args.speculative-algorithm: the planner models EAGLE/EAGLE3")
-        if self.draft is None:
-            problems.append("speculative-algorithm needs a [draft] table (the planner's facts)")
-        elif self.draft.name != args.get("speculative-draft-model-path"):
-            problems.append("draft.name must equal sglang_args.speculative-draft-model-path")
-        for key in (
-            "speculative-num-steps",
-            "speculative-eagle-topk",
-            "speculative-num-draft-tokens",
-        ):
-            value = args.get(key)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                problems.append(f"sglang_args.{key}: set it (a positive integer)")
-        if "max-running-requests" not in args:
-            problems.append(
-                "sglang_args.max-running-requests: set it; SGLang resets it to 48 under "
-                "speculative decoding"
-            )
-        steps, topk = args.get("speculative-num-steps"), args.get("speculative-eagle-topk")
-        tokens = args.get("speculative-num-draft-tokens")
-        if topk == 1 and isinstance(steps, int) and tokens != steps + 1:
-            problems.append(
-                "sglang_args.speculative-num-draft-tokens: with top-k 1 SGLang forces it to "
-                "num-steps + 1; write that"
-            )
-        return problems
 
     # --- what the planner and the launcher read --------------------------------------------
 
@@ -565,62 +361,3 @@ class NodeRank:
 def _format_value(value: str | int | float | bool) -> str:
     # repr keeps a float exact and short: 0.9 -> "0.9", 1e-05 -> "1e-05"
     return repr(value) if isinstance(value, float) else str(value)
-
-
-# --- loading -------------------------------------------------------------------------------
-
-
-def parse_profile(data: dict[str, Any], *, name: str, source: str = "") -> Profile:
-    """Validate a profile's TOML table; problems become one ``ConfigError`` line each."""
-    where = source or name
-    for reserved in ("name", "source"):
-        if reserved in data:
-            raise ConfigError(f"{where}: {reserved}: set by the loader, remove it from the file")
-    try:
-        return Profile.model_validate({**data, "name": name, "source": source})
-    except ValidationError as error:
-        raise ConfigError(format_validation_error(error, f"{where}: ")) from None
-
-
-def default_profiles_dir() -> Path:
-    """``./configs/profiles`` when the working directory has one, else the shipped profiles."""
-    if DEFAULT_PROFILES_DIR.is_dir():
-        return DEFAULT_PROFILES_DIR
-    return shipped_path(DEFAULT_PROFILES_DIR.as_posix()) or DEFAULT_PROFILES_DIR
-
-
-def list_profiles(profiles_dir: str | Path | None = None) -> list[str]:
-    """Names of the profiles in ``profiles_dir`` (default ``default_profiles_dir()``), sorted."""
-    directory = Path(profiles_dir) if profiles_dir is not None else default_profiles_dir()
-    if not directory.is_dir():
-        return []
-    return sorted(path.stem for path in directory.glob("*.toml"))
-
-
-def load_profile(name_or_path: str | Path, profiles_dir: str | Path | None = None) -> Profile:
-    """Load a profile by name from ``profiles_dir``, or from a ``.toml`` path."""
-    directory = Path(profiles_dir) if profiles_dir is not None else default_profiles_dir()
-    candidate = Path(name_or_path)
-    path = candidate if candidate.suffix == ".toml" else directory / f"{name_or_path}.toml"
-    if not path.is_file():
-        available = ", ".join(list_profiles(directory)) or "none"
-        raise ConfigError(
-            f"profile: unknown profile {str(name_or_path)!r} in {directory} "
-            f"(available: {available})"
-        )
-    try:
-        with path.open("rb") as handle:
-            data = tomllib.load(handle)
-    except tomllib.TOMLDecodeError as error:
-        raise ConfigError(f"{path}: not valid TOML: {error}") from None
-    except OSError as error:
-        raise ConfigError(f"{path}: cannot read: {error.strerror or error}") from None
-    return parse_profile(data, name=path.stem, source=str(path))
-
-
-def load_profiles(
-    names: Sequence[str] | None = None, profiles_dir: str | Path | None = None
-) -> list[Profile]:
-    """The named profiles, or every profile in the directory when ``names`` is None."""
-    wanted = list(names) if names is not None else list_profiles(profiles_dir)
-    return [load_profile(name, profiles_dir) for name in wanted]

@@ -139,7 +139,8 @@ def get_release(version: str) -> Release | None:
 def release_for(version: str | None) -> tuple[Release, bool]:
     """How to read a server that says it runs ``version``: ``(release, known)``. An unknown
     version is read as the newest known release at or below it (the oldest, below them all),
-    and ``known`` is False: callers say so, and skip what cannot hold (``serverfacts``)."""
+    and ``known`` is False: callers say so, and skip what cannot hold (``serverfacts``,
+    ``verdict``)."""
     known = get_release(version) if version else None
     if known is not None:
         return known, True

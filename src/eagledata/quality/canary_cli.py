@@ -20,7 +20,8 @@ from eagledata.quality.canary_scorer import CanaryScorer
 from eagledata.quality.canary_stats import compare, fired
 from eagledata.server.client import SGLangClient
 from eagledata.server.guard import KVGuard
-from eagledata.server.serverfacts import ServerFacts, evaluate_kv_guard
+from eagledata.server.serverfacts import ServerFacts
+from eagledata.server.verdict import evaluate_kv_guard
 from eagledata.simserver.demo import simulated_server
 from eagledata.source.mix import Mix, resolve_mix
 from eagledata.source.tokenization import LengthLimit, PromptTokenizer

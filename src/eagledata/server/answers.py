@@ -1,9 +1,9 @@
 """What the server's answers mean, without HTTP: a status code and a body become a result or an
 error of the tree.
 
-``client`` (the only module that speaks HTTP) sends the requests and translates httpx's own
-exceptions; what comes back is read here, by status code, never by message text:
-``RetryableItemError`` (try again), ``RejectedRequestError`` (the request itself is bad),
+``client`` and ``control`` (the modules that speak HTTP during a run) send the requests and
+translate httpx's own exceptions; what comes back is read here, by status code, never by message
+text: ``RetryableItemError`` (try again), ``RejectedRequestError`` (the request itself is bad),
 ``ServerError`` (the run cannot go on). ``responses`` holds the token contract of a ``/generate``
 item that answered 200.
 """

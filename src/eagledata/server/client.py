@@ -1,4 +1,5 @@
-"""Step 5: the only module that speaks HTTP to SGLang.
+"""Step 5: the async client that speaks HTTP to SGLang during a run (its control calls in
+``control``).
 
 * Connections are sharded over many small ``httpx.AsyncClient`` pools, per server (``pools``:
   why, and how many), and a request goes to the least loaded.
@@ -10,12 +11,13 @@
 * httpx exceptions are translated here, by type, never by message text, into the error tree;
   status codes and bodies are read by ``answers``: ``RetryableItemError`` (try again),
   ``RejectedRequestError`` (the request itself is bad), ``ServerError`` (the run cannot go on).
+* The control calls (health, server facts, loads, router workers, abort) are its base class's,
+  ``ControlCalls`` (``control``); reviving servers marked down is here.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import time
 from collections.abc import Awaitable, Callable
@@ -32,36 +34,17 @@ from eagledata.errors import (
     ServerError,
     ServerUnavailableError,
 )
-from eagledata.server.answers import (
-    ServerDownError,
-    auth_error,
-    canary_answer,
-    generate_answer,
-    router_worker_urls,
-)
+from eagledata.server.answers import ServerDownError, canary_answer, generate_answer
 from eagledata.server.budget import SlotGate, TrafficGate
+from eagledata.server.control import ControlCalls
+from eagledata.server.pools import Pools
 
 # Re-exported: callers that hold a client also name its results and request ids from here.
-from eagledata.server.loads import (
-    ServerLoad,
-    parse_get_load,
-    parse_metrics,
-    parse_v1_loads,
-    with_retractions,
-)
-from eagledata.server.pools import Pools
 from eagledata.server.responses import GenerateResult as GenerateResult
 from eagledata.server.responses import new_rid as new_rid
 from eagledata.server.responses import parse_generate_item as parse_generate_item
 from eagledata.server.responses import response_bound
 from eagledata.server.serverfacts import BOTH_PIN_FIELDS
-
-LOADS_ROUTE = "/v1/loads?include=core,memory,spec,queues"
-"""The sections eagledata reads; every release from 0.5.8 knows these four names (an unknown
-one is a 400 in 0.5.23, ``managers/load_snapshot.py``)."""
-
-CONTROL_DEADLINE_S = 30.0
-"""A control call's whole life (health, server facts, loads, an abort): connect to last byte."""
 
 
 class ResponseTooLarge(Exception):
@@ -105,7 +88,7 @@ class Endpoint:
 ReconnectCheck = Callable[[str], Awaitable[None]]
 
 
-class SGLangClient:
+class SGLangClient(ControlCalls):
     """Async client for one or more SGLang servers. Use as ``async with SGLangClient(...)``."""
 
     def __init__(
@@ -126,19 +109,18 @@ class SGLangClient:
         if not urls:
             raise ServerError("no server URL given; pass --server URL")
         self.endpoints = [Endpoint(url.rstrip("/")) for url in urls]
-        self._api_key_env = api_key_env
-        self._pools = Pools(
+        pools = Pools(
             in_flight=in_flight,
             connections_per_pool=connections_per_pool,
             connect_timeout_s=connect_timeout_s,
             request_timeout_s=request_timeout_s,
             headers={"Authorization": f"Bearer {api_key}"} if api_key else {},
         )
+        super().__init__(pools, api_key_env)
         self._health_poll_s = health_poll_s
         self.request_timeout_s = request_timeout_s
         self.vocab_size = vocab_size
         self._recovering = asyncio.Lock()
-        self._missing_load_routes: dict[str, set[str]] = {}
         self.rank_pins: dict[str, tuple[str, ...]] = {}
         """Per server, the ``/generate`` field(s) that pin a DP rank
         (``ServerFacts.rank_pin_fields``, set by the KV guard from the server's release)."""
@@ -333,121 +315,7 @@ class SGLangClient:
             self._leave_gate(entry)
         return canary_answer(url, status, content, self._api_key_env, self.vocab_size)
 
-    # --- control calls ---------------------------------------------------------------------
-
-    async def abort(self, url: str, rid: str) -> None:
-        """Ask the server to stop a generation we gave up on, so it stops holding KV cache."""
-        # Best effort: the server also aborts a request whose client disconnected.
-        with contextlib.suppress(
-            httpx.HTTPError, asyncio.CancelledError, RuntimeError, TimeoutError
-        ):
-            async with asyncio.timeout(5.0):
-                await asyncio.shield(
-                    self._pools.control.post(url + "/abort_request", json={"rid": rid}, timeout=5.0)
-                )
-
-    async def _control_get(self, url: str) -> httpx.Response:
-        """GET on the control pool (``CONTROL_DEADLINE_S`` for the whole call), tried once more
-        if a pooled keep-alive connection was closed under us: that is not a dead server, and
-        must not mark one down."""
-        try:
-            async with asyncio.timeout(CONTROL_DEADLINE_S):
-                try:
-                    return await self._pools.control.get(url)
-                except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError):
-                    return await self._pools.control.get(url)
-        except TimeoutError:
-            raise httpx.ReadTimeout(f"no whole answer within {CONTROL_DEADLINE_S:g}s") from None
-
-    async def health(self, url: str) -> bool:
-        try:
-            response = await self._control_get(url + "/health")
-        except httpx.HTTPError:
-            return False
-        return response.status_code == 200
-
-    async def _read_control_route(self, url: str, route: str) -> httpx.Response:
-        """GET a control route; an unreachable server and a refused key become our errors."""
-        try:
-            response = await self._control_get(url + route)
-        except httpx.HTTPError as exc:
-            raise ServerUnavailableError(f"{url}: cannot read {route}: {exc!r}") from None
-        if response.status_code in (401, 403):
-            raise auth_error(url, response.status_code, self._api_key_env)
-        return response
-
-    async def server_info(self, url: str) -> dict[str, Any]:
-        """The server's ``/server_info`` (``/get_server_info`` on older builds)."""
-        last_error = ""
-        for route in ("/server_info", "/get_server_info"):
-            response = await self._read_control_route(url, route)
-            if response.status_code == 200:
-                body = orjson.loads(response.content)
-                if isinstance(body, dict):
-                    return body
-                last_error = f"{route} returned {type(body).__name__}"
-            else:
-                last_error = f"{route} answered HTTP {response.status_code}"
-        raise ServerError(f"{url}: no server facts ({last_error}); is it an SGLang server?")
-
-    async def read_load(self, url: str) -> ServerLoad | None:
-        """The server's live load from the best signal it offers (``server/loads.py``):
-        ``/v1/loads`` (with ``/metrics`` for the retraction counter), else ``/metrics``, else
-        ``/get_load``. None when it offers none or cannot be reached; a route that answers 404
-        once is not asked again. ``/v1/loads`` sends its ``speculative`` section (the measured
-        acceptance) only when asked for ``spec``."""
-        missing = self._missing_load_routes.setdefault(url, set())
-        loads = metrics = None
-        if "/v1/loads" not in missing:
-            body = await self._load_route(url, LOADS_ROUTE, missing)
-            loads = parse_v1_loads(body) if body is not None else None
-        if "/metrics" not in missing:
-            text = await self._load_route(url, "/metrics", missing, text=True)
-            metrics = parse_metrics(text) if isinstance(text, str) else None
-        if loads is not None:
-            return with_retractions(loads, metrics)
-        if metrics is not None:
-            return metrics
-        if "/get_load" not in missing:
-            body = await self._load_route(url, "/get_load", missing)
-            return parse_get_load(body) if body is not None else None
-        return None
-
-    async def _load_route(
-        self, url: str, route: str, missing: set[str], *, text: bool = False
-    ) -> Any:
-        try:
-            response = await self._control_get(url + route)
-        except httpx.HTTPError:
-            return None
-        if response.status_code in (404, 405):
-            missing.add(route.split("?")[0])
-            return None
-        if response.status_code != 200:
-            return None
-        if text:
-            return response.text
-        try:
-            return orjson.loads(response.content)
-        except orjson.JSONDecodeError:
-            return None
-
-    async def router_workers(self, url: str) -> list[str] | None:
-        """The workers behind an sglang-router at ``url``; None when ``url`` is no router.
-
-        sglang-router 0.3 answers ``GET /workers`` with ``{"workers": [{"url", "is_healthy",
-        ...}]}``, older ones ``GET /list_workers`` with ``{"urls": [...]}``; an SGLang server has
-        neither route (404). Workers the router itself marks unhealthy get no traffic from it and
-        are left out.
-        """
-        for route, key in (("/workers", "workers"), ("/list_workers", "urls")):
-            response = await self._read_control_route(url, route)
-            if response.status_code != 200:
-                continue
-            urls = router_worker_urls(response.content, key)
-            if urls is not None:
-                return urls
-        return None
+    # --- recovery: servers marked down, probed until one answers -----------------------------
 
     async def revive(self, on_reconnect: ReconnectCheck) -> list[str]:
         """Probe servers marked down; bring back those that answer and pass ``on_reconnect``.

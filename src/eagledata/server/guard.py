@@ -16,7 +16,8 @@ from typing import Protocol
 from eagledata.errors import ServerRefusedError, ServerUnavailableError
 from eagledata.rundir.lines import CheckLine
 from eagledata.server.client import SGLangClient
-from eagledata.server.serverfacts import GuardVerdict, ServerFacts, evaluate_kv_guard
+from eagledata.server.serverfacts import ServerFacts
+from eagledata.server.verdict import GuardVerdict, evaluate_kv_guard
 
 
 class CheckLog(Protocol):

@@ -1,4 +1,4 @@
-"""A server's live load, from whichever signal it offers, without HTTP (``client`` reads them).
+"""A server's live load, from whichever signal it offers, without HTTP (``control`` reads them).
 
 Three sources, best first (``docs/sglang.md``, "Load signals", with the versions that have them):
 

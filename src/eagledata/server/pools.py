@@ -1,4 +1,5 @@
-"""The client's connection pools: opened, sized and closed here; only ``client`` sends on them.
+"""The client's connection pools: opened, sized and closed here; only the client sends on them
+(``client``, and ``control`` on the control pool).
 
 Connections are sharded over many small ``httpx.AsyncClient`` pools: a pool's per-request cost
 grows with its size (``benchmarks/README.md``, ``bench_client.py``), so each server gets

@@ -25,13 +25,10 @@ import httpx
 
 from eagledata.errors import LaunchError, ServerRefusedError
 from eagledata.server.answers import router_worker_urls
-from eagledata.server.launch import (
-    ProgressCallback,
-    check_running_server,
-    start_process,
-    stop_process,
-)
-from eagledata.server.serverfacts import GuardVerdict, ServerFacts
+from eagledata.server.launch import start_process, stop_process
+from eagledata.server.readiness import ProgressCallback, check_running_server
+from eagledata.server.serverfacts import ServerFacts
+from eagledata.server.verdict import GuardVerdict
 
 ROUTER_MODULE = "sglang_router.launch_router"
 DEFAULT_ROUTER_PORT = 30100

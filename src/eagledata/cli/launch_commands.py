@@ -1,0 +1,239 @@
+"""``launch-server``: SGLang started from a profile (or one node of a multi-node server), or
+sglang-router started in front of running servers (``--router``); each checked, served until
+Ctrl-C or SIGTERM."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from eagledata.cli.interrupts import EXIT_INTERRUPTED
+from eagledata.cli.shell import ProfilesDirOpt, auth_headers, fail, guarded
+from eagledata.config import ServerSettings
+
+
+def launch_server(
+    ctx: typer.Context,
+    profile: Annotated[str | None, typer.Option(help="Profile name or TOML path")] = None,
+    dry_run: Annotated[bool, typer.Option(help="Print the exact command, start nothing")] = False,
+    sglang_version: Annotated[
+        str | None,
+        typer.Option(
+            metavar="V",
+            help="Render the profile for this SGLang release (default: the one installed for "
+            "$SGLANG_PYTHON; with --dry-run and none installed, the newest the profile runs on)",
+        ),
+    ] = None,
+    profiles_dir: ProfilesDirOpt = None,
+    script: Annotated[
+        Path | None,
+        typer.Option(help="The launch script (default: ./scripts/launch_sglang.sh, else shipped)"),
+    ] = None,
+    deadline: Annotated[
+        float,
+        typer.Option(help="Seconds to wait for /health (--router: for every worker's health)"),
+    ] = 1800.0,
+    node_rank: Annotated[
+        int | None,
+        typer.Option(
+            metavar="R",
+            help="A multi-node profile: this node's rank (0 serves HTTP; 1.. join it)",
+        ),
+    ] = None,
+    dist_init_addr: Annotated[
+        str | None,
+        typer.Option(
+            metavar="HOST:PORT",
+            help="A multi-node profile: node rank 0's address, the same on every node",
+        ),
+    ] = None,
+    router: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--router",
+            metavar="URL",
+            help="Start sglang-router in front of these running servers (repeat), check every "
+            "one's KV cache, and serve them as one URL",
+        ),
+    ] = None,
+    router_port: Annotated[
+        int, typer.Option(metavar="PORT", help="Where --router listens")
+    ] = 30100,
+    router_host: Annotated[
+        str, typer.Option(metavar="HOST", help="Where --router binds")
+    ] = "127.0.0.1",
+) -> None:
+    """Start SGLang from a profile (bf16 KV enforced); extra args after -- pass through.
+
+    With --router URL...: start sglang-router in front of servers already running instead."""
+    _stop_on_term()
+    if router:
+        _launch_router(
+            router,
+            host=router_host,
+            port=router_port,
+            dry_run=dry_run,
+            deadline=deadline,
+            extra=list(ctx.args),
+            profile_given=profile is not None,
+        )
+        return
+    from eagledata.profiles.loading import DEFAULT_PROFILE, load_profile
+    from eagledata.server.facts_report import format_facts
+    from eagledata.server.launch import (
+        build_launch_command,
+        default_script,
+        format_command,
+        launch_and_wait,
+        node_note,
+        start_process,
+        stop_process,
+    )
+    from eagledata.server.launch_release import (
+        choose_version,
+        installed_sglang_version,
+        sglang_python,
+    )
+
+    extra = list(ctx.args)
+    script = script or default_script()
+    chosen = guarded(lambda: load_profile(profile or DEFAULT_PROFILE, profiles_dir))
+    node = guarded(lambda: chosen.node(node_rank, dist_init_addr))
+    picked = "" if profile else " (the default; --profile NAME picks another)"
+    python = sglang_python()
+    installed = installed_sglang_version(python)
+    version, note = guarded(
+        lambda: choose_version(
+            chosen, requested=sglang_version, installed=installed, python=python, dry_run=dry_run
+        )
+    )
+    command = guarded(
+        lambda: build_launch_command(chosen, extra, version=version, script=str(script), node=node)
+    )
+    typer.echo(f"profile {chosen.name}{picked}: {chosen.source}; {note}", err=True)
+    if node is not None:
+        typer.echo(node_note(chosen, node), err=True)
+    if dry_run:
+        typer.echo(format_command(command))
+        return
+    if node is not None and not node.serves_http:
+        # no /health, no /server_info here: node rank 0 is what is waited on and checked
+        typer.echo(f"starting: {format_command(command)}", err=True)
+        process = guarded(lambda: start_process(command))
+        try:
+            process.wait()
+        except KeyboardInterrupt:
+            stop_process(process)
+            raise typer.Exit(EXIT_INTERRUPTED) from None
+        if process.returncode:
+            raise typer.Exit(process.returncode)
+        return
+    import httpx
+
+    # the server may be started with --api-key: its checks send the key as every command does
+    with httpx.Client(
+        timeout=httpx.Timeout(30.0, connect=5.0), headers=auth_headers(ServerSettings())
+    ) as http:
+        result = guarded(
+            lambda: launch_and_wait(
+                chosen,
+                extra,
+                version=version,
+                script=script,
+                deadline_s=deadline,
+                on_progress=lambda line: typer.echo(line, err=True),
+                client=http,
+                node=node,
+            )
+        )
+    typer.echo(format_facts(result.facts, result.verdict))
+    if not result.verdict.ok:
+        raise typer.Exit(4)
+    typer.echo(f"server ready at {result.base_url}; eagledata generate --server {result.base_url}")
+    try:
+        result.process.wait()
+    except KeyboardInterrupt:
+        result.stop()
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+    if result.process.returncode:
+        raise typer.Exit(result.process.returncode)
+
+
+def _stop_on_term() -> None:
+    """SIGTERM (``kill``, ``scancel``, the end of a SLURM job) stops what launch-server started,
+    as Ctrl-C does: a server or router in its own process group would outlive a plain exit."""
+    import signal
+
+    with contextlib.suppress(ValueError):  # not the main thread: signals are not ours
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
+
+
+def _launch_router(
+    workers: list[str],
+    *,
+    host: str,
+    port: int,
+    dry_run: bool,
+    deadline: float,
+    extra: list[str],
+    profile_given: bool,
+) -> None:
+    """``launch-server --router URL...``: sglang-router in front of running servers, each
+    worker's KV cache checked; it serves until Ctrl-C."""
+    from eagledata.errors import ConfigError
+    from eagledata.server.launch import format_command
+    from eagledata.server.router import (
+        build_router_command,
+        launch_router,
+        normalize_worker,
+        router_python,
+    )
+
+    if profile_given:
+        fail(ConfigError("--router starts a router in front of running servers: drop --profile"))
+    if dry_run:
+        command = guarded(
+            lambda: build_router_command(
+                [normalize_worker(w) for w in workers],
+                host=host,
+                port=port,
+                python=router_python(),
+                extra_args=extra,
+            )
+        )
+        typer.echo(format_command(command))
+        return
+    import httpx
+
+    settings = ServerSettings()
+    with httpx.Client(
+        timeout=httpx.Timeout(30.0, connect=5.0), headers=auth_headers(settings)
+    ) as http:
+        result = guarded(
+            lambda: launch_router(
+                workers,
+                host=host,
+                port=port,
+                extra_args=extra,
+                deadline_s=deadline,
+                client=http,
+                on_progress=lambda line: typer.echo(line, err=True),
+                api_key_env=settings.api_key_env,
+            )
+        )
+    for worker in result.workers:
+        typer.echo(f"worker {worker.url}: {worker.verdict.summary()}")
+    typer.echo(
+        f"router ready at {result.url} over {len(result.workers)} workers, each checked; "
+        f"eagledata generate --server {result.url}"
+    )
+    try:
+        result.process.wait()
+    except KeyboardInterrupt:
+        result.stop()
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+    if result.process.returncode:
+        raise typer.Exit(result.process.returncode)
