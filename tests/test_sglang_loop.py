@@ -82,7 +82,7 @@ def test_no_prefill_is_tried_while_the_batch_is_full_until_a_request_ends(
 ) -> None:
     """``batch_is_full``: once admission stops for lack of tokens, the decaying ratio does not
     let the waiting request in; only a running request that ends (filtered out of the batch)
-    does. Two requests of equal length: the second waits for the whole of the first."""
+    does. Two requests of equal length: the one admitted second waits for the whole of the other."""
     config = loop_engine(
         tokenizer_dir,
         max_total_num_tokens=1000,
@@ -109,8 +109,10 @@ def test_no_prefill_is_tried_while_the_batch_is_full_until_a_request_ends(
     # Sent together: the first takes 200 + 400; the second needs 600 more, which the first's
     # reserve (400 x 0.7) leaves no room for. Ten steps later that reserve is at its floor
     # (~0.1 x 400) and it would fit, but the batch is full until the first ends.
+    # Which of the two reaches the server first is the client's race, not the scheduler's rule.
+    admitted, waited = sorted(a["meta_info"]["e2e_latency"] for a in (first, second))
     assert engine["retracted_total"] == 0
-    assert second["meta_info"]["e2e_latency"] > 1.5 * first["meta_info"]["e2e_latency"]
+    assert waited > 1.5 * admitted
     assert engine["prefill_batches"] == 2
 
 
