@@ -1,14 +1,19 @@
-"""Write the field lists of docs/run-directory.md from the line contract (rundir/lines.py).
+"""Write the generated parts of the docs from the code they describe.
 
-Each ``<!-- fields: ModelName -->`` ... ``<!-- /fields -->`` block of the doc is replaced by a
-table of that model's fields (name, type, what it holds), in the order they are written.
+* docs/run-directory.md: each ``<!-- fields: ModelName -->`` ... ``<!-- /fields -->`` block is
+  replaced by a table of that model's fields of the line contract (``rundir/lines.py``): name,
+  type, what it holds, in the order they are written.
+* docs/architecture.md: the ``<!-- modules -->`` ... ``<!-- /modules -->`` block is replaced by
+  the module map: every module of the package, by package, with the first sentence of its
+  docstring (what it owns). A module without a docstring fails the check.
 
-    python scripts/gen_docs.py           # rewrite the doc
-    python scripts/gen_docs.py --check   # exit 1 (and name the blocks) if the doc is stale
+    python scripts/gen_docs.py           # rewrite the docs
+    python scripts/gen_docs.py --check   # exit 1 (and name the docs) if one is stale
 """
 
 from __future__ import annotations
 
+import ast
 import re
 import sys
 from pathlib import Path
@@ -18,8 +23,12 @@ from pydantic import BaseModel
 
 from eagledata.rundir import lines
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "run-directory.md"
+REPO = Path(__file__).resolve().parents[1]
+DOC = REPO / "docs" / "run-directory.md"
+ARCHITECTURE = REPO / "docs" / "architecture.md"
+PACKAGE = REPO / "src" / "eagledata"
 BLOCK = re.compile(r"(<!-- fields: (\w+) -->\n)(.*?)(<!-- /fields -->)", re.S)
+MODULES = re.compile(r"(<!-- modules -->\n)(.*?)(<!-- /modules -->)", re.S)
 
 
 def type_name(annotation: object) -> str:
@@ -50,16 +59,58 @@ def render(text: str) -> str:
     return BLOCK.sub(fill, text)
 
 
+def first_sentence(path: Path) -> str:
+    """What a module owns: its docstring's first sentence, on one line."""
+    docstring = ast.get_docstring(ast.parse(path.read_text()))
+    if not docstring:
+        raise SystemExit(f"{path} has no docstring: say what it owns in its first sentence")
+    paragraph = " ".join(docstring.split("\n\n", 1)[0].split())
+    depth, end = 0, len(paragraph)
+    for index, char in enumerate(paragraph):
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        following = paragraph[index + 1 : index + 2]
+        if depth == 0 and char in ".?" and following in ("", " "):
+            end = index + (char == "?")
+            break
+    sentence = paragraph[:end].rstrip(":")
+    # Markdown's code spans, and no "|" to break the table's row
+    return sentence.replace("``", "`").replace("|", "\\|")
+
+
+def module_map() -> str:
+    """One table: every module, the top-level ones first, then each package's, by name (the
+    layers are the doc's own table), and what it owns."""
+    rows = ["| module | owns |", "|---|---|"]
+    top = sorted(p for p in PACKAGE.glob("*.py") if p.name not in ("__init__.py", "__main__.py"))
+    for path in top:
+        rows.append(f"| `{path.name}` | {first_sentence(path)} |")
+    packages = sorted(
+        p for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").exists()
+    )
+    for package in packages:
+        for path in sorted(package.glob("*.py")):
+            rows.append(f"| `{package.name}/{path.name}` | {first_sentence(path)} |")
+    return "\n".join(rows) + "\n"
+
+
+def render_architecture(text: str) -> str:
+    return MODULES.sub(lambda m: m.group(1) + module_map() + m.group(3), text)
+
+
 def main(argv: list[str]) -> int:
-    text = DOC.read_text()
-    fresh = render(text)
-    if "--check" in argv:
-        if fresh != text:
-            print(f"{DOC} is stale: run 'python scripts/gen_docs.py'", file=sys.stderr)
-            return 1
-        return 0
-    DOC.write_text(fresh)
-    return 0
+    stale = []
+    for doc, fill in ((DOC, render), (ARCHITECTURE, render_architecture)):
+        text = doc.read_text()
+        fresh = fill(text)
+        if fresh == text:
+            continue
+        if "--check" in argv:
+            stale.append(doc)
+        else:
+            doc.write_text(fresh)
+    for doc in stale:
+        print(f"{doc} is stale: run 'python scripts/gen_docs.py'", file=sys.stderr)
+    return 1 if stale else 0
 
 
 if __name__ == "__main__":
