@@ -24,6 +24,7 @@ from eagledata.run import pipeline
 from eagledata.run.loadcontrol import LoadController, ServerPlan
 from eagledata.rundir.telemetry import read_telemetry
 from eagledata.server.client import SGLangClient
+from eagledata.server.loads import RankLoad
 from eagledata.simserver import SimConfig, SimServerThread
 
 DATASET = str(SAMPLES / "sharegpt.jsonl")  # 40 rows
@@ -72,7 +73,7 @@ def test_every_answer_that_ends_admits_one_however_slow_the_poll() -> None:
     for sent in range(8):
         gate.tickets[Ticket(gate, 100, 150, 0.01 * sent, lengths)] = None
     # The server is full by its own rule: six of ours run, two wait in its queue.
-    gate.observe(LaneSample(time=0.1, waiting=2, running=6, ours_at_ask=8), 0.1)
+    gate.observe(LaneSample(time=0.1, load=RankLoad(0, waiting=2, running=6), ours_at_ask=8), 0.1)
 
     def admit(now: float) -> int:
         count = 0

@@ -61,6 +61,7 @@ from eagledata.capacity.forecast import Flight, Floats, new_draws, peak_quantile
 from eagledata.capacity.lengths import SurvivalCurve
 from eagledata.capacity.planner import CLIENT_QUEUE_HEADROOM
 from eagledata.capacity.usage_target import UsageTarget
+from eagledata.server.loads import RankLoad
 
 
 @dataclass(slots=True, eq=False)
@@ -86,20 +87,15 @@ class Ticket:
 
 @dataclass(frozen=True, slots=True)
 class LaneSample:
-    """What the server said about one lane at ``time`` (None: not reported)."""
+    """What the server said about one lane at ``time``: its rank's ``RankLoad`` whole (a new
+    signal is a field there, ``server/loads.py``), and when and against what it was read."""
 
     time: float
-    used_tokens: int | None = None
-    pool_tokens: int | None = None
-    running: int | None = None
-    waiting: int | None = None
-    token_usage: float | None = None
-    gen_throughput: float | None = None
+    load: RankLoad
+    """The lane's numbers (None where not reported); ``spec_accept_length`` is telemetry's
+    only: the controller does not read it."""
     retracted_total: float | None = None
-    retracted_waiting: int | None = None
-    max_running: int | None = None
-    spec_accept_length: float | None = None
-    """Speculative tokens per verify step (telemetry only; the controller does not read it)."""
+    """The server's retraction counter, the lane's share of it (it is summed over ranks)."""
     asked: float | None = None
     """When the read began (``time`` is when its answer came): a request sent between the two
     may or may not be in its counts, so the queue's bound counts it as sent after."""
@@ -172,7 +168,7 @@ class Lane:
         start = ticket.started_at
         if start is None:
             sample = self.sample
-            if sample is not None and sample.waiting:
+            if sample is not None and sample.load.waiting:
                 return 0  # behind a queue the server had: not started yet, as far as we know
             start = ticket.sent_at  # no queue to wait in (or a server that does not count it)
         return int(max(0.0, now - start) * self.decode_rate * self.age_scale)
@@ -185,11 +181,11 @@ class Lane:
         many of ours the server did not count and are not taken as ended (still to arrive)."""
         for ticket in self.tickets:
             ticket.gone = False
-        if sample.running is None or sample.waiting is None or sample.ours_at_ask is None:
+        if sample.load.running is None or sample.load.waiting is None or sample.ours_at_ask is None:
             return 0
         # Those that ended while the sample was read were not counted either: gone already.
         ended = self.ended_total - sample.ended_at_ask
-        missing = sample.ours_at_ask - sample.running - sample.waiting - ended
+        missing = sample.ours_at_ask - sample.load.running - sample.load.waiting - ended
         if missing <= 0:
             return 0
         oldest = sorted((t for t in self.tickets if t.sent_at <= sample.since), key=_sent_at)
@@ -212,15 +208,15 @@ class Lane:
         sent while the server had no queue started when it was sent; one admitted out of a
         queue since the last sample started, on average, halfway between the two (or between
         its sending and this sample)."""
-        if sample.waiting is None:
+        if sample.load.waiting is None:
             return
-        no_queue = previous is None or not previous.waiting
+        no_queue = previous is None or not previous.load.waiting
         # Judged by this sample: what was sent before it was asked for (what was sent while
         # it was read may or may not be in its counts; the next sample tells).
         sent = sorted(
             (t for t in self.tickets if t.sent_at <= sample.since and not t.gone), key=_sent_at
         )
-        waiting = sample.waiting + arriving
+        waiting = sample.load.waiting + arriving
         for ticket in sent[: max(0, len(sent) - waiting)]:
             if ticket.started_at is None:
                 if no_queue:
@@ -233,17 +229,17 @@ class Lane:
         """Fit the age scale to the server's own count: the requests it runs hold their prompts
         plus what they generated; the queued ones hold nothing yet. Keeps the forecast right
         when the rate estimate is off (a loaded client, a server that slows down)."""
-        if sample.used_tokens is None:
+        if sample.load.used_tokens is None:
             return
         self.age_scale, scale = 1.0, self.age_scale
         running = [t for t in self.tickets if t.sent_at <= sample.since and not t.gone]
-        if sample.waiting is not None:
+        if sample.load.waiting is not None:
             running = [t for t in running if t.started_at is not None]
         raw = sum(self.age(t, sample.time) for t in running)
         self.age_scale = scale
         if not running or raw <= 0:
             return
-        generated = sample.used_tokens - sum(t.prompt_tokens for t in running)
+        generated = sample.load.used_tokens - sum(t.prompt_tokens for t in running)
         self.age_scale = min(4.0, max(0.25, generated / raw))
 
     def flight(self, ticket: Ticket, now: float) -> Flight:
@@ -266,7 +262,7 @@ class Lane:
         client's, or growth we underestimate): it stays in every forecast until the next
         sample. Measured at the sample's time, against what ran then: our requests that end
         later free their own KV, not a stranger's."""
-        if sample.used_tokens is None:
+        if sample.load.used_tokens is None:
             self.foreign_tokens = 0.0
             return
         ours = sum(
@@ -275,7 +271,7 @@ class Lane:
             # everything of ours the sample may have counted: what is left is no one's we know
             if t.sent_at <= sample.time and not t.gone
         )
-        self.foreign_tokens = max(0.0, sample.used_tokens - ours)
+        self.foreign_tokens = max(0.0, sample.load.used_tokens - ours)
 
     def peak(self, now: float, extra: Ticket | None = None) -> float:
         """The highest KV what is in flight (and ``extra``, admitted now) will hold before it
@@ -296,10 +292,10 @@ class Lane:
         we sent since it was measured, plus this prompt: it must stay within the target share
         whatever the forecast says."""
         sample = self.sample
-        if sample is None or sample.used_tokens is None or self.pool_tokens is None:
+        if sample is None or sample.load.used_tokens is None or self.pool_tokens is None:
             return None
         recent = sum(t.prompt_tokens for t in self.tickets if t.sent_at > sample.since)
-        used = max(0.0, sample.used_tokens - self.freed_since_sample)
+        used = max(0.0, sample.load.used_tokens - self.freed_since_sample)
         return used + recent + prompt_tokens
 
     def queued_at_most(self) -> int:
@@ -310,9 +306,11 @@ class Lane:
         does everything sent since. Nothing is credited for an answer that ends: it is no
         proof that the server took another."""
         sample = self.sample
-        if sample is None or sample.running is None or sample.ours_at_ask is None:
+        if sample is None or sample.load.running is None or sample.ours_at_ask is None:
             return self._queued_by_waiting()
-        running = min(sample.running, sample.ours_at_ask) - (self.ended_total - sample.ended_at_ask)
+        running = min(sample.load.running, sample.ours_at_ask) - (
+            self.ended_total - sample.ended_at_ask
+        )
         return max(0, len(self.tickets) - max(0, running))
 
     def _queued_by_waiting(self) -> int:
@@ -321,7 +319,7 @@ class Lane:
             return sum(1 for ticket in self.tickets if ticket.started_at is None)
         since = self.sample.since
         recent = sum(1 for ticket in self.tickets if ticket.sent_at > since)
-        return (self.sample.waiting or 0) + recent
+        return (self.sample.load.waiting or 0) + recent
 
     def queued_estimate(self) -> int:
         """Our requests in the server's queue, as the client knows it: those in flight now
@@ -330,9 +328,9 @@ class Lane:
         sample = self.sample
         if sample is None:
             return 0
-        if sample.running is None or sample.ours_at_ask is None:
+        if sample.load.running is None or sample.ours_at_ask is None:
             return self._queued_by_waiting()
-        return max(0, len(self.tickets) - min(sample.running, sample.ours_at_ask))
+        return max(0, len(self.tickets) - min(sample.load.running, sample.ours_at_ask))
 
     def queue_cap(self) -> int | None:
         """The queue the gate never reaches: the server's ``max_queued_requests``, or one a
@@ -372,12 +370,12 @@ class Lane:
         queued = self.queued_estimate()
         # The depth rule holds only behind a queue the server showed: one that admits all it
         # gets (its queue empty at the last sample) is not to be fed at q* per sample.
-        if self.sample is not None and self.sample.waiting and queued >= self.queue_target:
+        if self.sample is not None and self.sample.load.waiting and queued >= self.queue_target:
             return "queue"
         sample = self.sample
         if (
             sample is not None
-            and (sample.token_usage or 0.0) > self.settings.pause_usage
+            and (sample.load.token_usage or 0.0) > self.settings.pause_usage
             and (queued > 0)
         ):
             return "pause"
@@ -401,25 +399,25 @@ class Lane:
         """Take a new server sample; True if it shows a retraction (the caller logs it)."""
         previous = self.sample
         self.sample = sample
-        if sample.pool_tokens:
-            self.pool_tokens = sample.pool_tokens
-        if sample.max_running:
-            self.max_running = sample.max_running
-        if sample.running and sample.gen_throughput:
-            rate = sample.gen_throughput / sample.running
+        if sample.load.pool_tokens:
+            self.pool_tokens = sample.load.pool_tokens
+        if sample.load.max_running:
+            self.max_running = sample.load.max_running
+        if sample.load.running and sample.load.gen_throughput:
+            rate = sample.load.gen_throughput / sample.load.running
             self.decode_rate = 0.7 * self.decode_rate + 0.3 * rate
         arriving = self.mark_gone(sample, now)
         self.mark_started(sample, previous, arriving)
         self.calibrate(sample)
         self.explain(sample)
         self.freed_since_sample = 0.0
-        usage = sample.token_usage
-        if usage is None and sample.used_tokens is not None and self.pool_tokens:
-            usage = sample.used_tokens / self.pool_tokens
+        usage = sample.load.token_usage
+        if usage is None and sample.load.used_tokens is not None and self.pool_tokens:
+            usage = sample.load.used_tokens / self.pool_tokens
         # Edge-triggered: a retracted request waits in the queue for a while, and the gauge
         # and the queue count stay up meanwhile; only a new one is news.
-        before = previous.retracted_waiting if previous is not None else 0
-        retracted = (sample.retracted_waiting or 0) > (before or 0)
+        before = previous.load.retracted_waiting if previous is not None else 0
+        retracted = (sample.load.retracted_waiting or 0) > (before or 0)
         if (
             previous is not None
             and previous.retracted_total is not None
@@ -439,7 +437,7 @@ class Lane:
         retracted requests waiting): they report a retraction when it happens."""
         sample = self.sample
         return sample is not None and (
-            sample.retracted_total is not None or sample.retracted_waiting is not None
+            sample.retracted_total is not None or sample.load.retracted_waiting is not None
         )
 
     def queue_full(self, now: float, bound: int) -> None:

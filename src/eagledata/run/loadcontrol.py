@@ -261,17 +261,9 @@ class LoadController:
             total = load.retracted_total
             sample = LaneSample(
                 time=now,
-                used_tokens=rank.used_tokens,
-                pool_tokens=rank.pool_tokens or lane.pool_tokens,
-                running=rank.running,
-                waiting=rank.waiting,
-                token_usage=rank.token_usage,
-                gen_throughput=rank.gen_throughput,
+                load=rank,
                 # The counter is summed over ranks: any increase is a retraction for each lane.
                 retracted_total=total / share if total is not None else None,
-                retracted_waiting=rank.retracted_waiting,
-                max_running=rank.max_running,
-                spec_accept_length=rank.spec_accept_length,
                 asked=asked,
                 ours_at_ask=counts[id(lane)][0],
                 ended_at_ask=counts[id(lane)][1],
@@ -282,7 +274,7 @@ class LoadController:
                     f"{url} retracted requests: target KV usage now {lane.target.value:.2f}",
                 )
             name = lane_name(lane.server, lane.rank)
-            self.latest[name] = self._entry(lane, load.source, rank.running, rank.waiting)
+            self.latest[name] = self._entry(lane, load.source)
 
     def _fall_back(self, url: str, lanes: list[Lane]) -> None:
         """No load signal: the planner's number, said once per server."""
@@ -471,14 +463,10 @@ class LoadController:
         endpoint = self.client.endpoint(lane.server)
         return 0 if endpoint is None else endpoint.in_flight
 
-    def _entry(
-        self, lane: Lane, source: str, running: int | None, waiting: int | None
-    ) -> TelemetryLine:
+    def _entry(self, lane: Lane, source: str) -> TelemetryLine:
         return lane_entry(
             lane,
             source=source,
-            running=running,
-            waiting=waiting,
             in_flight=self._in_flight(lane),
             fixed=self.fixed,
         )
@@ -488,7 +476,7 @@ class LoadController:
             for lane in lanes:
                 entry = self.latest.get(lane_name(lane.server, lane.rank))
                 if entry is None:
-                    entry = self._entry(lane, "none", None, None)
+                    entry = self._entry(lane, "none")
                 entry = entry.model_copy(
                     update={
                         "time": time.time(),
