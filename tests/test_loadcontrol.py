@@ -15,7 +15,7 @@ from eagledata.capacity.controller import Lane, LaneSample, Ticket, fallback_con
 from eagledata.capacity.controller_settings import ControllerSettings
 from eagledata.capacity.lengths import LengthModel, kaplan_meier
 from eagledata.config import LoadSettings
-from eagledata.run import pipeline, session
+from eagledata.run import pipeline, session_startup
 from eagledata.run.loadcontrol import LoadController, ServerPlan
 from eagledata.rundir.lines import TelemetryLine
 from eagledata.rundir.status import latest_load
@@ -448,14 +448,14 @@ def test_a_resumed_run_starts_from_the_answer_lengths_its_records_hold(
     tokenizer_dir: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     seeded: list[tuple[int, int]] = []
-    real = session.load_controller
+    real = session_startup.load_controller
 
     async def spy(*args: Any, **kwargs: Any) -> LoadController:
         control = await real(*args, **kwargs)
         seeded.append((control.lengths.samples, control.lengths.estimate(100)))
         return control
 
-    monkeypatch.setattr(session, "load_controller", spy)
+    monkeypatch.setattr(session_startup, "load_controller", spy)
     with SimServerThread(engine(tokenizer_dir)) as sim:
         run_auto(sim, tmp_path / "run")
         summary = pipeline.resume(tmp_path / "run", progress=False)
