@@ -21,7 +21,8 @@ from eagledata.capacity.controller_settings import ControllerSettings
 from eagledata.capacity.lengths import kaplan_meier
 from eagledata.config import LoadSettings
 from eagledata.run import pipeline
-from eagledata.run.loadcontrol import LoadController, ServerPlan
+from eagledata.run.load_lanes import ServerPlan
+from eagledata.run.loadcontrol import LoadController
 from eagledata.rundir.telemetry import read_telemetry
 from eagledata.server.client import SGLangClient
 from eagledata.server.loads import RankLoad

@@ -16,7 +16,8 @@ from eagledata.capacity.controller_settings import ControllerSettings
 from eagledata.capacity.lengths import LengthModel, kaplan_meier
 from eagledata.config import LoadSettings
 from eagledata.run import pipeline, session_startup
-from eagledata.run.loadcontrol import LoadController, ServerPlan
+from eagledata.run.load_lanes import ServerPlan
+from eagledata.run.loadcontrol import LoadController
 from eagledata.rundir.lines import TelemetryLine
 from eagledata.rundir.status import latest_load
 from eagledata.rundir.telemetry import ROTATED_FILE, TelemetryLog, read_telemetry

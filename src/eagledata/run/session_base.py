@@ -15,7 +15,6 @@ from eagledata.rundir.planstate import PlanStateBuilder
 from eagledata.source.mix import Mix
 from eagledata.source.workplan import WorkItem
 
-
 STARTUP_STOPPED = (
     "interrupted while starting (checking the servers, the canary's baseline): nothing was "
     "generated yet"
