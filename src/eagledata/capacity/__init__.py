@@ -40,12 +40,12 @@ from eagledata.capacity.memory import (
     kv_gib_per_rank,
     kv_tokens_per_rank,
 )
+from eagledata.capacity.plan_row import PlanRow
 from eagledata.capacity.plan_table import render_plan_table
 from eagledata.capacity.planner import (
     CLIENT_QUEUE_HEADROOM,
     CONCURRENT_REQUEST_TOKENS,
     MAX_RUNNING_HEADROOM,
-    PlanRow,
     plan_deployment,
     plan_profile,
     plan_profiles,
