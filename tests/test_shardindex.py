@@ -22,7 +22,6 @@ from conftest import SAMPLES, make_config, read_failures, read_records
 from eagledata.run import pipeline
 from eagledata.rundir.idset import CompactIdSet
 from eagledata.rundir.lines import FLAG_NAMES
-from eagledata.rundir.manifest import scan_totals, sealed_shards
 from eagledata.rundir.shardindex import (
     FORGED,
     MISSING,
@@ -35,6 +34,7 @@ from eagledata.rundir.shardindex import (
     load_index,
 )
 from eagledata.rundir.status import run_status
+from eagledata.rundir.totals import scan_totals, sealed_shards
 from eagledata.rundir.verify import verify_run
 from eagledata.simserver import SimServerThread
 

@@ -31,8 +31,8 @@ from eagledata.run.signals import (
     write_task_dump,
 )
 from eagledata.rundir.journal import Journal
-from eagledata.rundir.manifest import RunTotals, scan_totals
 from eagledata.rundir.status import canary_line, canary_summary
+from eagledata.rundir.totals import RunTotals, scan_totals
 from eagledata.source.tokenization import PromptTokenizer
 from eagledata.source.workplan import WorkItem
 from eagledata.tasks import TaskScope

@@ -17,8 +17,8 @@ from eagledata.run.scheduler import Scheduler
 from eagledata.run.session_items import SessionItems
 from eagledata.run.session_state import SessionFiles, SessionParts
 from eagledata.run.writer import FailureLog, ShardWriter
-from eagledata.rundir.manifest import scan_totals
 from eagledata.rundir.telemetry import TelemetryLog
+from eagledata.rundir.totals import scan_totals
 from eagledata.server.budget import SlotGate
 from eagledata.server.client import SGLangClient
 from eagledata.server.guard import KVGuard

@@ -12,8 +12,8 @@ from eagledata.run.progress import Progress
 from eagledata.run.scheduler import Scheduler
 from eagledata.run.writer import FailureLog, ShardWriter
 from eagledata.rundir.journal import Journal
-from eagledata.rundir.manifest import RunTotals
 from eagledata.rundir.telemetry import TelemetryLog
+from eagledata.rundir.totals import RunTotals
 from eagledata.server.client import SGLangClient
 from eagledata.server.guard import KVGuard
 from eagledata.server.responses import GenerateResult

@@ -22,7 +22,7 @@ import orjson
 from eagledata.rundir.idset import CompactIdSet
 from eagledata.rundir.journal import iter_jsonl_lines
 from eagledata.rundir.lines import FailureLine, LineError, RecordLine
-from eagledata.rundir.manifest import RunDir, pending_journals, sealed_shards, shard_indexes
+from eagledata.rundir.manifest import RunDir
 from eagledata.rundir.quarantine import Quarantine, failure_problem, record_problem
 from eagledata.rundir.shardindex import (
     IndexBuilder,
@@ -34,6 +34,7 @@ from eagledata.rundir.shardindex import (
     load_index,
     write_index,
 )
+from eagledata.rundir.totals import pending_journals, sealed_shards, shard_indexes
 
 MAX_LISTED = 50
 REPAIR = "run 'eagledata verify RUN_DIR --repair' to move it aside"
