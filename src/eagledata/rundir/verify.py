@@ -26,14 +26,12 @@ from eagledata.rundir.manifest import RunDir
 from eagledata.rundir.quarantine import Quarantine, failure_problem, record_problem
 from eagledata.rundir.shardindex import (
     IndexBuilder,
-    IndexRejected,
-    ShardIndex,
     build_index,
     index_differences,
-    index_path,
     load_index,
     write_index,
 )
+from eagledata.rundir.shardindex_format import IndexRejected, ShardIndex, index_path
 from eagledata.rundir.totals import pending_journals, sealed_shards, shard_indexes
 
 MAX_LISTED = 50
