@@ -34,7 +34,7 @@ from eagledata.rundir.journal import Journal
 from eagledata.rundir.status import canary_line, canary_summary
 from eagledata.rundir.totals import RunTotals, scan_totals
 from eagledata.source.tokenization import PromptTokenizer
-from eagledata.source.workplan import WorkItem
+from eagledata.source.workitem import WorkItem
 from eagledata.tasks import TaskScope
 
 RECENT_WINDOW_S = 600.0

@@ -13,7 +13,7 @@ from eagledata.run.turns import TurnSource
 from eagledata.rundir.manifest import RunDir
 from eagledata.rundir.planstate import PlanStateBuilder
 from eagledata.source.mix import Mix
-from eagledata.source.workplan import WorkItem
+from eagledata.source.workitem import WorkItem
 
 STARTUP_STOPPED = (
     "interrupted while starting (checking the servers, the canary's baseline): nothing was "

@@ -17,7 +17,8 @@ from eagledata.run.signals import (
 from eagledata.run.turns import TurnSource
 from eagledata.run.watchdog import Watchdog, watchdog_bound, where_it_waits
 from eagledata.server.responses import GenerateResult
-from eagledata.source.workplan import WorkItem, WorkPlan
+from eagledata.source.workitem import WorkItem
+from eagledata.source.workplan import WorkPlan
 
 
 class SessionItems(RunBase):

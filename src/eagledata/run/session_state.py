@@ -18,7 +18,8 @@ from eagledata.server.client import SGLangClient
 from eagledata.server.guard import KVGuard
 from eagledata.server.responses import GenerateResult
 from eagledata.source.tokenization import LengthLimit, PromptTokenizer
-from eagledata.source.workplan import WorkItem, WorkPlan
+from eagledata.source.workitem import WorkItem
+from eagledata.source.workplan import WorkPlan
 
 
 @dataclass
