@@ -10,11 +10,9 @@ from __future__ import annotations
 import asyncio
 import time
 
-from eagledata.capacity.controller import (
-    Lane,
-    Ticket,
-)
+from eagledata.capacity.controller import Lane
 from eagledata.capacity.forecast import new_draws
+from eagledata.capacity.lane_state import Ticket
 from eagledata.run.load_lanes import LaneSet, Waiter
 
 _UNGATED = object()
