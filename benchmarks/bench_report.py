@@ -258,7 +258,8 @@ def index_shards(path: Path) -> int:
     """Write the shard index sidecars a real run's writer leaves (rundir/shardindex.py), where
     this eagledata has them and they are missing. Returns how many were written."""
     try:
-        from eagledata.rundir.shardindex import build_index, index_path, write_index
+        from eagledata.rundir.shardindex import build_index, write_index
+        from eagledata.rundir.shardindex_format import index_path
     except ImportError:
         return 0
     written = 0

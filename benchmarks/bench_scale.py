@@ -293,7 +293,7 @@ def measure_run(
 
 
 def _records(run: Path) -> int:
-    from eagledata.rundir.manifest import scan_totals
+    from eagledata.rundir.totals import scan_totals
 
     return scan_totals(run).written
 

@@ -16,7 +16,8 @@ import sys
 from pathlib import Path
 
 from eagledata.capacity import REFERENCE_WORKLOAD
-from eagledata.capacity.planner import PlanRow, best_key, plan_profiles
+from eagledata.capacity.plan_row import PlanRow, best_key
+from eagledata.capacity.planner import plan_profiles
 from eagledata.capacity.planning import profiles_for
 from eagledata.profiles.loading import load_profiles
 from eagledata.profiles.rigs import Rig, rigs

@@ -16,14 +16,17 @@ import httpx
 import orjson
 
 from conftest import SAMPLES, make_config, sim_config
-from eagledata.capacity.controller import Lane, LaneSample, Ticket
+from eagledata.capacity.controller import Lane
 from eagledata.capacity.controller_settings import ControllerSettings
+from eagledata.capacity.lane_state import LaneSample, Ticket
 from eagledata.capacity.lengths import kaplan_meier
 from eagledata.config import LoadSettings
 from eagledata.run import pipeline
-from eagledata.run.loadcontrol import LoadController, ServerPlan
+from eagledata.run.load_lanes import ServerPlan
+from eagledata.run.loadcontrol import LoadController
 from eagledata.rundir.telemetry import read_telemetry
 from eagledata.server.client import SGLangClient
+from eagledata.server.loads import RankLoad
 from eagledata.simserver import SimConfig, SimServerThread
 
 DATASET = str(SAMPLES / "sharegpt.jsonl")  # 40 rows
@@ -72,7 +75,7 @@ def test_every_answer_that_ends_admits_one_however_slow_the_poll() -> None:
     for sent in range(8):
         gate.tickets[Ticket(gate, 100, 150, 0.01 * sent, lengths)] = None
     # The server is full by its own rule: six of ours run, two wait in its queue.
-    gate.observe(LaneSample(time=0.1, waiting=2, running=6, ours_at_ask=8), 0.1)
+    gate.observe(LaneSample(time=0.1, load=RankLoad(0, waiting=2, running=6), ours_at_ask=8), 0.1)
 
     def admit(now: float) -> int:
         count = 0

@@ -31,8 +31,9 @@ from conftest import (
     sim_config,
 )
 from eagledata.run import pipeline
-from eagledata.rundir.manifest import RunDir, sealed_shards
+from eagledata.rundir.manifest import RunDir
 from eagledata.rundir.shardindex import build_index, load_index
+from eagledata.rundir.totals import sealed_shards
 from eagledata.rundir.verify import verify_run
 from eagledata.simserver import SimServerThread, expected_output
 

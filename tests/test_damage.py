@@ -27,8 +27,10 @@ from eagledata.errors import RunDirError
 from eagledata.export import ExportOptions, export_runs
 from eagledata.run import pipeline
 from eagledata.rundir.lines import QuarantineLine
-from eagledata.rundir.manifest import RunDir, sealed_shards
-from eagledata.rundir.shardindex import STALE, index_path, load_index, read_index
+from eagledata.rundir.manifest import RunDir
+from eagledata.rundir.shardindex import load_index, read_index
+from eagledata.rundir.shardindex_format import STALE, index_path
+from eagledata.rundir.totals import sealed_shards
 from eagledata.rundir.verify import verify_run
 from eagledata.simserver import SimServerThread
 

@@ -11,17 +11,20 @@ import orjson
 import pytest
 
 from conftest import SAMPLES, make_config, read_failures, read_records, sim_config, until
-from eagledata.capacity.controller import Lane, LaneSample, Ticket, fallback_concurrency
+from eagledata.capacity.controller import Lane, fallback_concurrency
 from eagledata.capacity.controller_settings import ControllerSettings
+from eagledata.capacity.lane_state import LaneSample, Ticket
 from eagledata.capacity.lengths import LengthModel, kaplan_meier
 from eagledata.config import LoadSettings
-from eagledata.run import pipeline, session
-from eagledata.run.loadcontrol import LoadController, ServerPlan
+from eagledata.run import pipeline, session_startup
+from eagledata.run.load_lanes import ServerPlan
+from eagledata.run.loadcontrol import LoadController
 from eagledata.rundir.lines import TelemetryLine
 from eagledata.rundir.status import latest_load
 from eagledata.rundir.telemetry import ROTATED_FILE, TelemetryLog, read_telemetry
 from eagledata.rundir.verify import verify_run
 from eagledata.server.client import SGLangClient
+from eagledata.server.loads import RankLoad
 from eagledata.simserver import SimServerThread, expected_output
 
 DATASET = str(SAMPLES / "sharegpt.jsonl")  # 40 rows
@@ -124,24 +127,29 @@ def test_the_gate_fills_the_pool_to_its_target_and_no_further() -> None:
 
 def test_a_retraction_backs_off_and_freezes_then_calm_creeps_back() -> None:
     gate = lane(usage_target=0.85)
-    gate.observe(LaneSample(time=0.0, retracted_total=0, token_usage=0.5), 0.0)
-    assert gate.observe(LaneSample(time=1.0, retracted_total=2, token_usage=0.9), 1.0)
+    gate.observe(LaneSample(time=0.0, load=RankLoad(0, token_usage=0.5), retracted_total=0), 0.0)
+    assert gate.observe(
+        LaneSample(time=1.0, load=RankLoad(0, token_usage=0.9), retracted_total=2), 1.0
+    )
     assert gate.target.value == pytest.approx(0.80)
     # The same retraction seen again (the counter unchanged) is not news.
-    assert not gate.observe(LaneSample(time=1.2, retracted_total=2, token_usage=0.5), 1.2)
+    assert not gate.observe(
+        LaneSample(time=1.2, load=RankLoad(0, token_usage=0.5), retracted_total=2), 1.2
+    )
     assert gate.target.value == pytest.approx(0.80)
     gate.target.held_back = True  # the target held work back meanwhile
-    gate.observe(LaneSample(time=5.0, retracted_total=2, token_usage=0.5), 5.0)  # frozen
+    frozen = LaneSample(time=5.0, load=RankLoad(0, token_usage=0.5), retracted_total=2)
+    gate.observe(frozen, 5.0)
     assert gate.target.value == pytest.approx(0.80)
-    gate.observe(LaneSample(time=12.0, retracted_total=2, token_usage=0.5), 12.0)
+    gate.observe(LaneSample(time=12.0, load=RankLoad(0, token_usage=0.5), retracted_total=2), 12.0)
     assert gate.target.value == pytest.approx(0.81)
     # A calm period in which the target held nothing back says nothing about it: no creep.
-    gate.observe(LaneSample(time=14.0, retracted_total=2, token_usage=0.5), 14.0)
+    gate.observe(LaneSample(time=14.0, load=RankLoad(0, token_usage=0.5), retracted_total=2), 14.0)
     assert gate.target.value == pytest.approx(0.81)
     # A peak within reach of a retraction lowers it before one happens.
     gate.target.held_back = True
-    gate.observe(LaneSample(time=15.0, retracted_total=2, token_usage=0.99), 15.0)
-    gate.observe(LaneSample(time=16.0, retracted_total=2, token_usage=0.7), 16.0)
+    gate.observe(LaneSample(time=15.0, load=RankLoad(0, token_usage=0.99), retracted_total=2), 15.0)
+    gate.observe(LaneSample(time=16.0, load=RankLoad(0, token_usage=0.7), retracted_total=2), 16.0)
     assert gate.target.value == pytest.approx(0.80)
 
 
@@ -152,14 +160,19 @@ def test_the_creep_stops_below_the_target_that_retracted_until_the_ceiling_lifts
     gate = Lane(
         server="http://s", rank=None, settings=settings, pool_tokens=10_000, usage_target=0.9
     )
-    gate.observe(LaneSample(time=0.0, retracted_total=0, token_usage=0.5), 0.0)
-    assert gate.observe(LaneSample(time=1.0, retracted_total=1, token_usage=0.9), 1.0)
+    gate.observe(LaneSample(time=0.0, load=RankLoad(0, token_usage=0.5), retracted_total=0), 0.0)
+    assert gate.observe(
+        LaneSample(time=1.0, load=RankLoad(0, token_usage=0.9), retracted_total=1), 1.0
+    )
     assert gate.target.value == pytest.approx(0.85) and gate.target.ceiling == pytest.approx(0.9)
 
     def calm_periods(start: int, count: int) -> None:
         for second in range(start, start + count):
             gate.target.held_back = True  # the target held work back in every period
-            gate.observe(LaneSample(time=second, retracted_total=1, token_usage=0.6), second)
+            gate.observe(
+                LaneSample(time=second, load=RankLoad(0, token_usage=0.6), retracted_total=1),
+                second,
+            )
 
     calm_periods(12, 30)  # after the freeze: +0.01 a period, up to half a backoff below 0.90
     assert gate.target.value == pytest.approx(0.87)
@@ -168,7 +181,9 @@ def test_the_creep_stops_below_the_target_that_retracted_until_the_ceiling_lifts
     calm_periods(82, 30)  # 100 s without a retraction: the ceiling lifts one step
     assert gate.target.ceiling == pytest.approx(0.91) and gate.target.value == pytest.approx(0.88)
     # A retraction at a lower target than the ceiling lowers the ceiling to it.
-    assert gate.observe(LaneSample(time=120.0, retracted_total=2, token_usage=0.9), 120.0)
+    assert gate.observe(
+        LaneSample(time=120.0, load=RankLoad(0, token_usage=0.9), retracted_total=2), 120.0
+    )
     assert gate.target.ceiling == pytest.approx(0.88) and gate.target.value == pytest.approx(0.83)
 
 
@@ -179,7 +194,10 @@ def test_the_early_answers_do_not_raise_the_target() -> None:
         ticket = Ticket(gate, 200, 4000, float(step))  # no learned lengths yet
         if gate.room(ticket, float(step)) is not None:
             gate.tickets[ticket] = None
-        gate.observe(LaneSample(time=float(step), retracted_total=0, token_usage=0.3), float(step))
+        gate.observe(
+            LaneSample(time=float(step), load=RankLoad(0, token_usage=0.3), retracted_total=0),
+            float(step),
+        )
     assert gate.held_by.get("forecast", 0) > 0
     assert gate.target.value == pytest.approx(0.85)
 
@@ -190,26 +208,29 @@ def test_a_request_ages_from_when_the_server_admitted_it() -> None:
     for ticket in tickets:
         gate.tickets[ticket] = None
     # At t=4 the server runs two requests and queues one: ours, first come first served.
-    gate.observe(LaneSample(time=4.0, waiting=1), 4.0)
+    gate.observe(LaneSample(time=4.0, load=RankLoad(0, waiting=1)), 4.0)
     assert [t.started_at is not None for t in tickets] == [True, True, False]
     assert gate.age(tickets[2], 6.0) == 0  # still queued: it holds its prompt, nothing more
     assert 0 < gate.age(tickets[1], 6.0) < gate.age(tickets[0], 6.0) <= 60
-    gate.observe(LaneSample(time=5.0, waiting=0), 5.0)
+    gate.observe(LaneSample(time=5.0, load=RankLoad(0, waiting=0)), 5.0)
     assert tickets[2].started_at == pytest.approx(4.5)  # admitted between the two samples
 
 
 def test_one_overflow_backs_off_once_however_many_times_it_retracts() -> None:
     gate = lane(usage_target=0.9)
-    gate.observe(LaneSample(time=0.0, retracted_total=0, token_usage=0.9), 0.0)
+    gate.observe(LaneSample(time=0.0, load=RankLoad(0, token_usage=0.9), retracted_total=0), 0.0)
     # The pool overflows: SGLang retracts, the rest keep growing, it retracts again.
     for second, total in ((1, 1), (2, 2), (3, 4)):
         assert gate.observe(
-            LaneSample(time=second, retracted_total=total, token_usage=0.98), second
+            LaneSample(time=second, load=RankLoad(0, token_usage=0.98), retracted_total=total),
+            second,
         )
     assert gate.target.value == pytest.approx(0.85) and gate.target.retractions == 3
     # Back under the target: the next retraction is news again.
-    gate.observe(LaneSample(time=4.0, retracted_total=4, token_usage=0.7), 4.0)
-    assert gate.observe(LaneSample(time=30.0, retracted_total=5, token_usage=0.9), 30.0)
+    gate.observe(LaneSample(time=4.0, load=RankLoad(0, token_usage=0.7), retracted_total=4), 4.0)
+    assert gate.observe(
+        LaneSample(time=30.0, load=RankLoad(0, token_usage=0.9), retracted_total=5), 30.0
+    )
     assert gate.target.value == pytest.approx(0.80)
     # A server that reports no usage: a freeze without a retraction ends the overflow.
     blind = lane(usage_target=0.9)
@@ -230,8 +251,10 @@ def test_a_retraction_reported_again_by_its_response_backs_off_once() -> None:
             control.add_server(ServerPlan("http://127.0.0.1:9", None, None))
             counted, blind = control.lanes["http://127.0.0.1:9"][0], lane()
             counted.pool_tokens = 10_000
-            counted.observe(LaneSample(time=0.0, retracted_total=0), 0.0)
-            counted.observe(LaneSample(time=1.0, retracted_total=1), 1.0)  # the counter: -0.05
+            counted.observe(LaneSample(time=0.0, load=RankLoad(0), retracted_total=0), 0.0)
+            counted.observe(
+                LaneSample(time=1.0, load=RankLoad(0), retracted_total=1), 1.0
+            )  # the counter: -0.05
             for gate in (counted, blind):
                 ticket = Ticket(gate, 100, 400, 0.0)
                 gate.tickets[ticket] = None
@@ -246,8 +269,8 @@ def test_a_retraction_reported_again_by_its_response_backs_off_once() -> None:
 
 def test_a_retracted_request_waiting_in_the_queue_is_one_retraction() -> None:
     gate = lane(usage_target=0.85)
-    assert gate.observe(LaneSample(time=0.0, retracted_waiting=1), 0.0)
-    assert not gate.observe(LaneSample(time=1.0, retracted_waiting=1), 1.0)
+    assert gate.observe(LaneSample(time=0.0, load=RankLoad(0, retracted_waiting=1)), 0.0)
+    assert not gate.observe(LaneSample(time=1.0, load=RankLoad(0, retracted_waiting=1)), 1.0)
     assert gate.target.value == pytest.approx(0.80)
 
 
@@ -261,7 +284,7 @@ def test_the_gate_never_fills_the_queue_cap_the_server_reports() -> None:
     for sent in range(4):
         gate.tickets[Ticket(gate, 100, 150, 0.1 * sent, lengths)] = None
     # Read while four were in flight: one running, two queued, one not yet arrived.
-    gate.observe(LaneSample(time=1.0, waiting=2, running=1, ours_at_ask=4), 1.0)
+    gate.observe(LaneSample(time=1.0, load=RankLoad(0, waiting=2, running=1), ours_at_ask=4), 1.0)
     assert gate.queued_at_most() == 3
     admitted = 0
     while gate.room(ticket := Ticket(gate, 100, 150, 1.0, lengths), 1.0) is not None:
@@ -272,7 +295,10 @@ def test_the_gate_never_fills_the_queue_cap_the_server_reports() -> None:
     gate.tickets.pop(oldest)
     gate.ended(oldest, 1.5, 150, data=True)  # the running one ends: no credit for the queue
     assert gate.room(Ticket(gate, 100, 150, 1.5, lengths), 1.5) is None
-    gate.observe(LaneSample(time=2.0, waiting=1, running=4, ours_at_ask=5, ended_at_ask=1), 2.0)
+    gate.observe(
+        LaneSample(time=2.0, load=RankLoad(0, waiting=1, running=4), ours_at_ask=5, ended_at_ask=1),
+        2.0,
+    )
     assert gate.room(Ticket(gate, 100, 150, 2.0, lengths), 2.0) is not None  # the queue moved
 
 
@@ -280,7 +306,7 @@ def test_a_503_teaches_a_queue_cap_that_is_not_one_slot_for_good() -> None:
     """A server that reports no cap but answers 503: the queue we may have had at the 503 was
     at least its cap, and the gate keeps below that; a calm ceiling period relaxes it by one."""
     gate = lane(queue_target=8)
-    gate.observe(LaneSample(time=0.0, waiting=4, running=2), 0.0)
+    gate.observe(LaneSample(time=0.0, load=RankLoad(0, waiting=4, running=2)), 0.0)
     for sent in range(3):
         gate.tickets[Ticket(gate, 100, 150, 0.5 + sent)] = None
     gate.queue_full(3.0, gate.queued_at_most())  # 4 + 3 sent since: the cap is at most 6
@@ -424,14 +450,14 @@ def test_a_resumed_run_starts_from_the_answer_lengths_its_records_hold(
     tokenizer_dir: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     seeded: list[tuple[int, int]] = []
-    real = session.load_controller
+    real = session_startup.load_controller
 
     async def spy(*args: Any, **kwargs: Any) -> LoadController:
         control = await real(*args, **kwargs)
         seeded.append((control.lengths.samples, control.lengths.estimate(100)))
         return control
 
-    monkeypatch.setattr(session, "load_controller", spy)
+    monkeypatch.setattr(session_startup, "load_controller", spy)
     with SimServerThread(engine(tokenizer_dir)) as sim:
         run_auto(sim, tmp_path / "run")
         summary = pipeline.resume(tmp_path / "run", progress=False)

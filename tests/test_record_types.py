@@ -30,7 +30,7 @@ from eagledata.rundir.manifest import RunDir
 from eagledata.server.responses import GenerateResult
 from eagledata.simserver import SimServerThread
 from eagledata.source.answers import AnswerReader
-from eagledata.source.workplan import WorkItem
+from eagledata.source.workitem import WorkItem
 from exportkit import frozen
 
 STOP = 2  # <|im_end|> in the bundled tokenizer

@@ -29,7 +29,8 @@ from eagledata.errors import ServerRefusedError
 from eagledata.profiles.kv import KIMI_K25_BF16_BYTES_PER_TOKEN as BF16
 from eagledata.profiles.releases import supported_versions
 from eagledata.run import pipeline
-from eagledata.run.loadcontrol import LoadController, ServerPlan
+from eagledata.run.load_lanes import ServerPlan
+from eagledata.run.loadcontrol import LoadController
 from eagledata.server.client import SGLangClient
 from eagledata.server.facts_report import format_facts
 from eagledata.server.guard import KVGuard

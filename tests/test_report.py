@@ -26,8 +26,8 @@ from eagledata.report.plots_time import (
 from eagledata.report.records_scan import committed_lines, record_fields, scan_records
 from eagledata.report.rundata import CanaryCheck, GuardCheck, LoadSeries, find_reconnects
 from eagledata.run import pipeline
-from eagledata.rundir.manifest import scan_totals
 from eagledata.rundir.status import run_status
+from eagledata.rundir.totals import scan_totals
 from eagledata.simserver import SimServerThread
 from report_fixtures import spread_in_time, write_canary, write_telemetry
 from report_page import PNG_SIGNATURE, ReportPage

@@ -22,19 +22,18 @@ from conftest import SAMPLES, make_config, read_failures, read_records
 from eagledata.run import pipeline
 from eagledata.rundir.idset import CompactIdSet
 from eagledata.rundir.lines import FLAG_NAMES
-from eagledata.rundir.manifest import scan_totals, sealed_shards
-from eagledata.rundir.shardindex import (
+from eagledata.rundir.shardindex import build_index, load_index
+from eagledata.rundir.shardindex_format import (
     FORGED,
     MISSING,
     STALE,
     TORN,
     IndexRejected,
     ShardIndex,
-    build_index,
     index_path,
-    load_index,
 )
 from eagledata.rundir.status import run_status
+from eagledata.rundir.totals import scan_totals, sealed_shards
 from eagledata.rundir.verify import verify_run
 from eagledata.simserver import SimServerThread
 

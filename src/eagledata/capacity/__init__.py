@@ -23,6 +23,12 @@ than 8x speed.
 Reference preset (as module constants, and as data in every ``configs/profiles/kimi-k25-*.toml``):
 Kimi-K2.5 (MLA 512 + 64, 61 layers: 70,272 B per token in bf16) on 8x RTX PRO 6000 Blackwell
 96 GB, ``pre_free`` 94.26 GiB and ``post_free`` 21.73 GiB per GPU, fitted to the two runs.
+
+The live controller (``--concurrency auto``) is ``capacity/controller.py``. **Extension point, a
+new load signal:** one field of ``server/loads.py``'s ``RankLoad`` (and the parser line that fills
+it). Each lane's ``LaneSample`` carries its rank's ``RankLoad`` whole (``sample.load``), so the
+controller reads the new field there with nothing copied on the way, and ``run/telemetry.py``
+writes every field to ``telemetry.jsonl`` from one place (``load_fields``).
 """
 
 from __future__ import annotations
@@ -34,12 +40,12 @@ from eagledata.capacity.memory import (
     kv_gib_per_rank,
     kv_tokens_per_rank,
 )
+from eagledata.capacity.plan_row import PlanRow
 from eagledata.capacity.plan_table import render_plan_table
 from eagledata.capacity.planner import (
     CLIENT_QUEUE_HEADROOM,
     CONCURRENT_REQUEST_TOKENS,
     MAX_RUNNING_HEADROOM,
-    PlanRow,
     plan_deployment,
     plan_profile,
     plan_profiles,

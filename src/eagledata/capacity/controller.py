@@ -1,7 +1,10 @@
 """The arithmetic of ``--concurrency auto``: how much work one server (DP rank) can take now.
 
 No I/O and no clock of its own (every method takes ``now``), so tests drive it directly. The live
-loop that feeds it the server's signals and our requests is ``run/loadcontrol.py``.
+loop that feeds it the server's signals and our requests is ``run/loadcontrol.py``. ``Lane``
+here is the gate and the forecast; its fields, a request in flight (``Ticket``), a sample
+(``LaneSample``) and the bookkeeping of our requests (the queue bounds, the answers that end)
+are ``capacity/lane_state.py``.
 
 Why a client must do this (``docs/sglang.md``, "Admission and retraction"): SGLang
 admits a request while the pool covers its prompt plus ``min(max_new, 4096) x new_token_ratio``
@@ -52,116 +55,15 @@ same quantity from an assumed answer length (``capacity/planner.py``).
 from __future__ import annotations
 
 import math
-from dataclasses import InitVar, dataclass, field
 
-import numpy as np
-
-from eagledata.capacity.controller_settings import ControllerSettings
-from eagledata.capacity.forecast import Flight, Floats, new_draws, peak_quantile
-from eagledata.capacity.lengths import SurvivalCurve
+from eagledata.capacity.forecast import Flight, new_draws, peak_quantile
+from eagledata.capacity.lane_state import LaneSample, LaneState, Ticket
 from eagledata.capacity.planner import CLIENT_QUEUE_HEADROOM
-from eagledata.capacity.usage_target import UsageTarget
 
 
-@dataclass(slots=True, eq=False)
-class Ticket:
-    """One request in flight on a lane."""
-
-    lane: Lane
-    prompt_tokens: int
-    projected: int
-    sent_at: float
-    lengths: SurvivalCurve | None = None
-    """The answer-length survival curve it is forecast with (None: it ends at ``projected``);
-    the live loop refreshes it as answers end."""
-    started_at: float | None = None
-    """When the server admitted it, estimated from its queue counts (None: still queued)."""
-    draws: Floats | None = None
-    """Its uniforms for the sampled futures (``capacity/forecast.py``), drawn on first use and
-    kept for its life."""
-    gone: bool = False
-    """The last sample says the server no longer holds it: it ended there, and its answer has
-    not reached us yet (a busy client). The forecast gives it no KV."""
-
-
-@dataclass(frozen=True, slots=True)
-class LaneSample:
-    """What the server said about one lane at ``time`` (None: not reported)."""
-
-    time: float
-    used_tokens: int | None = None
-    pool_tokens: int | None = None
-    running: int | None = None
-    waiting: int | None = None
-    token_usage: float | None = None
-    gen_throughput: float | None = None
-    retracted_total: float | None = None
-    retracted_waiting: int | None = None
-    max_running: int | None = None
-    spec_accept_length: float | None = None
-    """Speculative tokens per verify step (telemetry only; the controller does not read it)."""
-    asked: float | None = None
-    """When the read began (``time`` is when its answer came): a request sent between the two
-    may or may not be in its counts, so the queue's bound counts it as sent after."""
-
-    ours_at_ask: int | None = None
-    """Our requests in flight on the lane when the read began."""
-    ended_at_ask: int = 0
-    """The lane's ``ended_total`` when the read began."""
-
-    @property
-    def since(self) -> float:
-        """Requests sent after this are not in the sample's queue count, for the bound."""
-        return self.time if self.asked is None else self.asked
-
-
-@dataclass(eq=False)
-class Lane:
+class Lane(LaneState):
     """One DP rank of one server (or a router's workers together): its gate, and the target
-    share of its pool the gate admits to."""
-
-    server: str
-    rank: int | None
-    settings: ControllerSettings
-    pool_tokens: int | None = None
-    max_running: int | None = None
-    fallback_limit: int | None = None
-    """Set when the server offers no load signal: then only this many in flight."""
-    usage_target: InitVar[float] = 0.85
-    """The initial ``u*``; the lane's ``target`` moves it (``capacity/usage_target.py``)."""
-    queue_target: int = 2
-    """``q*``: the server queue the gate keeps (``initial_queue_target``)."""
-    queue_limit: int | None = None
-    """The server's ``max_queued_requests`` (per DP rank): the queue never reaches it."""
-    learned_limit: int | None = None
-    """A queue cap learned from a 503, when the server reports none."""
-    learned_at: float = 0.0
-    tickets: dict[Ticket, None] = field(default_factory=dict)
-    sample: LaneSample | None = None
-    decode_rate: float = 10.0
-    age_scale: float = 1.0
-    rejections: int = 0
-    ended_total: int = 0
-    """Requests that ended with an answer, ever (a sample keeps the count it was read at)."""
-    freed_since_sample: float = 0.0
-    """KV the sample counted that the requests ending since have freed."""
-    foreign_tokens: float = 0.0
-    """KV the last sample showed that our requests did not account for, then."""
-    lifetime_s: float | None = None
-    """How long one of our requests lives here, sent to answered (a moving mean)."""
-    held_by: dict[str, int] = field(default_factory=dict)
-    """Requests held back since the last telemetry line, by the rule that held them."""
-    last_hold: str | None = None
-    """The rule that held the last request this lane refused (None: it admitted it)."""
-    rng: np.random.Generator = field(default_factory=lambda: np.random.default_rng(0))
-    target: UsageTarget = field(init=False)
-
-    def __post_init__(self, usage_target: float) -> None:
-        self.target = UsageTarget(self.settings, usage_target)
-
-    @property
-    def in_flight(self) -> int:
-        return len(self.tickets)
+    share of its pool the gate admits to (``LaneState``: its fields and bookkeeping)."""
 
     # --- the gate -----------------------------------------------------------------------------
 
@@ -172,7 +74,7 @@ class Lane:
         start = ticket.started_at
         if start is None:
             sample = self.sample
-            if sample is not None and sample.waiting:
+            if sample is not None and sample.load.waiting:
                 return 0  # behind a queue the server had: not started yet, as far as we know
             start = ticket.sent_at  # no queue to wait in (or a server that does not count it)
         return int(max(0.0, now - start) * self.decode_rate * self.age_scale)
@@ -185,11 +87,11 @@ class Lane:
         many of ours the server did not count and are not taken as ended (still to arrive)."""
         for ticket in self.tickets:
             ticket.gone = False
-        if sample.running is None or sample.waiting is None or sample.ours_at_ask is None:
+        if sample.load.running is None or sample.load.waiting is None or sample.ours_at_ask is None:
             return 0
         # Those that ended while the sample was read were not counted either: gone already.
         ended = self.ended_total - sample.ended_at_ask
-        missing = sample.ours_at_ask - sample.running - sample.waiting - ended
+        missing = sample.ours_at_ask - sample.load.running - sample.load.waiting - ended
         if missing <= 0:
             return 0
         oldest = sorted((t for t in self.tickets if t.sent_at <= sample.since), key=_sent_at)
@@ -212,15 +114,15 @@ class Lane:
         sent while the server had no queue started when it was sent; one admitted out of a
         queue since the last sample started, on average, halfway between the two (or between
         its sending and this sample)."""
-        if sample.waiting is None:
+        if sample.load.waiting is None:
             return
-        no_queue = previous is None or not previous.waiting
+        no_queue = previous is None or not previous.load.waiting
         # Judged by this sample: what was sent before it was asked for (what was sent while
         # it was read may or may not be in its counts; the next sample tells).
         sent = sorted(
             (t for t in self.tickets if t.sent_at <= sample.since and not t.gone), key=_sent_at
         )
-        waiting = sample.waiting + arriving
+        waiting = sample.load.waiting + arriving
         for ticket in sent[: max(0, len(sent) - waiting)]:
             if ticket.started_at is None:
                 if no_queue:
@@ -233,17 +135,17 @@ class Lane:
         """Fit the age scale to the server's own count: the requests it runs hold their prompts
         plus what they generated; the queued ones hold nothing yet. Keeps the forecast right
         when the rate estimate is off (a loaded client, a server that slows down)."""
-        if sample.used_tokens is None:
+        if sample.load.used_tokens is None:
             return
         self.age_scale, scale = 1.0, self.age_scale
         running = [t for t in self.tickets if t.sent_at <= sample.since and not t.gone]
-        if sample.waiting is not None:
+        if sample.load.waiting is not None:
             running = [t for t in running if t.started_at is not None]
         raw = sum(self.age(t, sample.time) for t in running)
         self.age_scale = scale
         if not running or raw <= 0:
             return
-        generated = sample.used_tokens - sum(t.prompt_tokens for t in running)
+        generated = sample.load.used_tokens - sum(t.prompt_tokens for t in running)
         self.age_scale = min(4.0, max(0.25, generated / raw))
 
     def flight(self, ticket: Ticket, now: float) -> Flight:
@@ -266,7 +168,7 @@ class Lane:
         client's, or growth we underestimate): it stays in every forecast until the next
         sample. Measured at the sample's time, against what ran then: our requests that end
         later free their own KV, not a stranger's."""
-        if sample.used_tokens is None:
+        if sample.load.used_tokens is None:
             self.foreign_tokens = 0.0
             return
         ours = sum(
@@ -275,7 +177,7 @@ class Lane:
             # everything of ours the sample may have counted: what is left is no one's we know
             if t.sent_at <= sample.time and not t.gone
         )
-        self.foreign_tokens = max(0.0, sample.used_tokens - ours)
+        self.foreign_tokens = max(0.0, sample.load.used_tokens - ours)
 
     def peak(self, now: float, extra: Ticket | None = None) -> float:
         """The highest KV what is in flight (and ``extra``, admitted now) will hold before it
@@ -296,55 +198,11 @@ class Lane:
         we sent since it was measured, plus this prompt: it must stay within the target share
         whatever the forecast says."""
         sample = self.sample
-        if sample is None or sample.used_tokens is None or self.pool_tokens is None:
+        if sample is None or sample.load.used_tokens is None or self.pool_tokens is None:
             return None
         recent = sum(t.prompt_tokens for t in self.tickets if t.sent_at > sample.since)
-        used = max(0.0, sample.used_tokens - self.freed_since_sample)
+        used = max(0.0, sample.load.used_tokens - self.freed_since_sample)
         return used + recent + prompt_tokens
-
-    def queued_at_most(self) -> int:
-        """An upper bound on our requests in the server's queue, from what the client knows:
-        those in flight now, less those the last sample counted running that have not ended
-        since (a request that ended was taken; a running one is not queued). A request on its
-        way when the sample was read, not yet counted by the server, counts as queued, and so
-        does everything sent since. Nothing is credited for an answer that ends: it is no
-        proof that the server took another."""
-        sample = self.sample
-        if sample is None or sample.running is None or sample.ours_at_ask is None:
-            return self._queued_by_waiting()
-        running = min(sample.running, sample.ours_at_ask) - (self.ended_total - sample.ended_at_ask)
-        return max(0, len(self.tickets) - max(0, running))
-
-    def _queued_by_waiting(self) -> int:
-        """The bound from a sample's queue count alone (a sample without our counts)."""
-        if self.sample is None:
-            return sum(1 for ticket in self.tickets if ticket.started_at is None)
-        since = self.sample.since
-        recent = sum(1 for ticket in self.tickets if ticket.sent_at > since)
-        return (self.sample.waiting or 0) + recent
-
-    def queued_estimate(self) -> int:
-        """Our requests in the server's queue, as the client knows it: those in flight now
-        less those the last sample counted running. Each answer that ends takes one off (the
-        server takes the next queued request into the room it leaves): not bound to the poll."""
-        sample = self.sample
-        if sample is None:
-            return 0
-        if sample.running is None or sample.ours_at_ask is None:
-            return self._queued_by_waiting()
-        return max(0, len(self.tickets) - min(sample.running, sample.ours_at_ask))
-
-    def queue_cap(self) -> int | None:
-        """The queue the gate never reaches: the server's ``max_queued_requests``, or one a
-        503 taught."""
-        if self.queue_limit is not None:
-            return self.queue_limit
-        return self.learned_limit
-
-    def queue_spare(self, cap: int) -> int:
-        """Queue slots the gate leaves free under a cap: SGLang puts a request it retracts back
-        in its queue, and aborts it with 503 (its output lost) if the queue is full."""
-        return max(1, cap // 16) if cap > 1 else 0
 
     def room(self, candidate: Ticket, now: float) -> float | None:
         """Free projected KV if this request were admitted (>= 0), or None: not now (the
@@ -372,12 +230,12 @@ class Lane:
         queued = self.queued_estimate()
         # The depth rule holds only behind a queue the server showed: one that admits all it
         # gets (its queue empty at the last sample) is not to be fed at q* per sample.
-        if self.sample is not None and self.sample.waiting and queued >= self.queue_target:
+        if self.sample is not None and self.sample.load.waiting and queued >= self.queue_target:
             return "queue"
         sample = self.sample
         if (
             sample is not None
-            and (sample.token_usage or 0.0) > self.settings.pause_usage
+            and (sample.load.token_usage or 0.0) > self.settings.pause_usage
             and (queued > 0)
         ):
             return "pause"
@@ -401,25 +259,25 @@ class Lane:
         """Take a new server sample; True if it shows a retraction (the caller logs it)."""
         previous = self.sample
         self.sample = sample
-        if sample.pool_tokens:
-            self.pool_tokens = sample.pool_tokens
-        if sample.max_running:
-            self.max_running = sample.max_running
-        if sample.running and sample.gen_throughput:
-            rate = sample.gen_throughput / sample.running
+        if sample.load.pool_tokens:
+            self.pool_tokens = sample.load.pool_tokens
+        if sample.load.max_running:
+            self.max_running = sample.load.max_running
+        if sample.load.running and sample.load.gen_throughput:
+            rate = sample.load.gen_throughput / sample.load.running
             self.decode_rate = 0.7 * self.decode_rate + 0.3 * rate
         arriving = self.mark_gone(sample, now)
         self.mark_started(sample, previous, arriving)
         self.calibrate(sample)
         self.explain(sample)
         self.freed_since_sample = 0.0
-        usage = sample.token_usage
-        if usage is None and sample.used_tokens is not None and self.pool_tokens:
-            usage = sample.used_tokens / self.pool_tokens
+        usage = sample.load.token_usage
+        if usage is None and sample.load.used_tokens is not None and self.pool_tokens:
+            usage = sample.load.used_tokens / self.pool_tokens
         # Edge-triggered: a retracted request waits in the queue for a while, and the gauge
         # and the queue count stay up meanwhile; only a new one is news.
-        before = previous.retracted_waiting if previous is not None else 0
-        retracted = (sample.retracted_waiting or 0) > (before or 0)
+        before = previous.load.retracted_waiting if previous is not None else 0
+        retracted = (sample.load.retracted_waiting or 0) > (before or 0)
         if (
             previous is not None
             and previous.retracted_total is not None
@@ -433,62 +291,6 @@ class Lane:
             self.target.measured(usage)
             self.maybe_creep(now)
         return retracted
-
-    def counts_retractions(self) -> bool:
-        """True when the server's samples carry a retraction count (the counter or the
-        retracted requests waiting): they report a retraction when it happens."""
-        sample = self.sample
-        return sample is not None and (
-            sample.retracted_total is not None or sample.retracted_waiting is not None
-        )
-
-    def queue_full(self, now: float, bound: int) -> None:
-        """A 503: the server's queue was at its cap. One it reports is never reached (our
-        traffic cannot have done it: another client's did); without one, the queue we may
-        have had at most (``bound``, the refused request counted) was at least its cap: the
-        gate keeps below that from now on, not one slot for good."""
-        self.rejections += 1
-        if self.queue_limit is None:
-            learned = max(1, bound - 1)
-            self.learned_limit = min(self.learned_limit or learned, learned)
-            self.learned_at = now
-
-    def maybe_creep(self, now: float) -> None:
-        """A creep period of the target (``UsageTarget.period``); a ceiling period without a
-        503 relaxes a learned queue cap by one (the cap that refused may have been a burst of
-        another client's)."""
-        self.target.period(now)
-        hold = self.settings.ceiling_hold_s * self.target.pace
-        if self.learned_limit is not None and now - self.learned_at >= hold:
-            self.learned_limit += 1
-            self.learned_at = now
-
-    def ended(self, ticket: Ticket, now: float, held: int | None, *, data: bool) -> None:
-        """A request of this lane ended with an answer, holding ``held`` KV tokens at its end:
-        the server took it out of its pool (and the next request out of its queue). ``data``:
-        one of the run's own (its lifetime paces the usage target)."""
-        self.ended_total += 1
-        sample = self.sample
-        if (
-            sample is not None
-            and ticket.sent_at <= sample.since
-            and not ticket.gone  # the sample did not count it
-            and held is not None
-        ):
-            self.freed_since_sample += held
-        if data:
-            life = now - ticket.sent_at
-            if life > 0:
-                self.lifetime_s = (
-                    life if self.lifetime_s is None else (0.9 * self.lifetime_s + 0.1 * life)
-                )
-                self.target.pace_by(self.lifetime_s)
-
-    def learn_rate(self, completion_tokens: int, seconds: float) -> None:
-        """A finished request's tokens over its time (queue wait included: an underestimate,
-        used only until the server reports its throughput)."""
-        if seconds > 0 and completion_tokens > 0 and self.sample is None:
-            self.decode_rate = 0.8 * self.decode_rate + 0.2 * completion_tokens / seconds
 
     def sustainable_running(self) -> int | None:
         """``W*``: the requests this lane holds at its target, at the mean projection in flight

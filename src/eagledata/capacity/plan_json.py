@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from eagledata.capacity.planner import PlanRow, best_key, written_for
+from eagledata.capacity.plan_row import PlanRow, best_key, written_for
 from eagledata.capacity.workload import Workload
 from eagledata.profiles.profile import Profile
 from eagledata.profiles.rigs import Rig

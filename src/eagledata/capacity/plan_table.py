@@ -5,7 +5,7 @@ from __future__ import annotations
 import textwrap
 from collections.abc import Sequence
 
-from eagledata.capacity.planner import PlanRow, best_key, written_for
+from eagledata.capacity.plan_row import PlanRow, best_key, written_for
 from eagledata.capacity.speculative import format_speedups
 from eagledata.capacity.workload import Workload
 from eagledata.profiles.profile import Profile

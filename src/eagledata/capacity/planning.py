@@ -11,7 +11,8 @@ import itertools
 from collections.abc import Sequence
 
 from eagledata.capacity import PlanRow, Workload
-from eagledata.capacity.planner import plan_from_pool, plan_profiles, rate_fields, written_for
+from eagledata.capacity.plan_row import written_for
+from eagledata.capacity.planner import plan_from_pool, plan_profiles, rate_fields
 from eagledata.capacity.speculative import AcceptOverride, SpecModel, plan_live_speculative
 from eagledata.config import AppConfig
 from eagledata.errors import ConfigError, ItemError

@@ -5,7 +5,8 @@ from __future__ import annotations
 from eagledata.config import AppConfig
 from eagledata.source.mix import Mix
 from eagledata.source.tokenization import LengthLimit, PromptTokenizer
-from eagledata.source.workplan import WorkItem, WorkPlan
+from eagledata.source.workitem import WorkItem
+from eagledata.source.workplan import WorkPlan
 
 
 def canary_prompts(

@@ -26,7 +26,7 @@ from eagledata.run.writer import FailureLog
 from eagledata.rundir.records import failure_line
 from eagledata.server.answers import QueueFullError, ServerDownError
 from eagledata.server.client import SGLangClient, new_rid
-from eagledata.source.workplan import WorkItem
+from eagledata.source.workitem import WorkItem
 from eagledata.tasks import unless_set
 
 

@@ -11,7 +11,8 @@ from collections.abc import Sequence
 
 from eagledata.config import AppConfig
 from eagledata.errors import ConfigError, EagledataError, ServerRefusedError, ServerUnavailableError
-from eagledata.run.loadcontrol import LoadController, ServerPlan
+from eagledata.run.load_lanes import ServerPlan
+from eagledata.run.loadcontrol import LoadController
 from eagledata.run.progress import Progress
 from eagledata.rundir.manifest import RunDir
 from eagledata.rundir.telemetry import TelemetryLog

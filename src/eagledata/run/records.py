@@ -9,7 +9,7 @@ from typing import TypeVar
 from eagledata.rundir.lines import NONE_VALUES, RecordFlags, RecordLine
 from eagledata.server.responses import GenerateResult
 from eagledata.source.prompts import Message
-from eagledata.source.workplan import WorkItem
+from eagledata.source.workitem import WorkItem
 
 _T = TypeVar("_T")
 

@@ -12,13 +12,14 @@ from eagledata.run.progress import Progress
 from eagledata.run.scheduler import Scheduler
 from eagledata.run.writer import FailureLog, ShardWriter
 from eagledata.rundir.journal import Journal
-from eagledata.rundir.manifest import RunTotals
 from eagledata.rundir.telemetry import TelemetryLog
+from eagledata.rundir.totals import RunTotals
 from eagledata.server.client import SGLangClient
 from eagledata.server.guard import KVGuard
 from eagledata.server.responses import GenerateResult
 from eagledata.source.tokenization import LengthLimit, PromptTokenizer
-from eagledata.source.workplan import WorkItem, WorkPlan
+from eagledata.source.workitem import WorkItem
+from eagledata.source.workplan import WorkPlan
 
 
 @dataclass

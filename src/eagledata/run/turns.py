@@ -42,7 +42,7 @@ from eagledata.server.responses import GenerateResult
 from eagledata.source.answers import AnswerReader
 from eagledata.source.conversations import turn_messages
 from eagledata.source.tokenization import PromptTokenizer, check_length
-from eagledata.source.workplan import PREVIOUS_TURN_FAILED, Answered, Outcome, WorkItem
+from eagledata.source.workitem import PREVIOUS_TURN_FAILED, Answered, Outcome, WorkItem
 
 PLAN_BATCH = 64
 IDLE_CHECK_S = 1.0

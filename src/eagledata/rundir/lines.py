@@ -1,5 +1,10 @@
 """The contract of every line eagledata writes into a run directory, in one place.
 
+This module is the data contract, kept in one module on purpose (over the 400 lines other
+modules stay under): one class per kind of line, so that a reader finds every field any file of
+a run directory holds, its type and its description in one file, and the generated
+``docs/run-directory.md`` follows it. Do not split it by line kind.
+
 Each kind of line is one frozen pydantic model: writers build it (a misspelled or mistyped field
 fails where it is built, and mypy sees the keywords), ``dump`` turns it into the bytes of one line,
 and readers ``parse`` those bytes back into the same model, or get ``LineError`` naming the line's

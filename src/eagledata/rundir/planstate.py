@@ -26,7 +26,8 @@ import orjson
 from eagledata.rundir.idset import CompactIdSet
 from eagledata.rundir.lines import FailureLine, RecordLine
 from eagledata.rundir.records import next_turn_id
-from eagledata.rundir.shardindex import ShardIndex, turns_left
+from eagledata.rundir.shardindex import turns_left
+from eagledata.rundir.shardindex_format import ShardIndex
 
 DUPLICATE = "duplicate"
 """The failure-file reason of a prompt skipped because an earlier row planned the same ids."""

@@ -16,7 +16,8 @@ from eagledata.config import FrozenSettings
 from eagledata.errors import RunDirError
 from eagledata.rundir.journal import iter_jsonl_lines
 from eagledata.rundir.lines import LineError, RecordLine
-from eagledata.rundir.manifest import RunDir, failure_lines, record_files
+from eagledata.rundir.manifest import RunDir
+from eagledata.rundir.totals import failure_lines, record_files
 
 
 @dataclass(frozen=True)

@@ -17,9 +17,10 @@ import orjson
 from eagledata.config import FrozenSettings
 from eagledata.rundir.journal import iter_jsonl_lines
 from eagledata.rundir.lines import LineError, QualityLine, TelemetryLine
-from eagledata.rundir.manifest import RunDir, RunTotals, scan_totals
+from eagledata.rundir.manifest import RunDir
 from eagledata.rundir.rates import Rate, duration
 from eagledata.rundir.telemetry import TELEMETRY_FILE, lane_name
+from eagledata.rundir.totals import RunTotals, scan_totals
 
 
 @dataclass(frozen=True)

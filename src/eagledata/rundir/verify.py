@@ -22,18 +22,17 @@ import orjson
 from eagledata.rundir.idset import CompactIdSet
 from eagledata.rundir.journal import iter_jsonl_lines
 from eagledata.rundir.lines import FailureLine, LineError, RecordLine
-from eagledata.rundir.manifest import RunDir, pending_journals, sealed_shards, shard_indexes
+from eagledata.rundir.manifest import RunDir
 from eagledata.rundir.quarantine import Quarantine, failure_problem, record_problem
 from eagledata.rundir.shardindex import (
     IndexBuilder,
-    IndexRejected,
-    ShardIndex,
     build_index,
     index_differences,
-    index_path,
     load_index,
     write_index,
 )
+from eagledata.rundir.shardindex_format import IndexRejected, ShardIndex, index_path
+from eagledata.rundir.totals import pending_journals, sealed_shards, shard_indexes
 
 MAX_LISTED = 50
 REPAIR = "run 'eagledata verify RUN_DIR --repair' to move it aside"

@@ -11,30 +11,68 @@ Three sources, best first (``docs/sglang.md``, "Load signals", with the versions
   refreshed on logged batches only (every 40 decode steps).
 * ``GET /get_load`` (deprecated, gone in 0.5.21): per rank ``num_reqs``, ``num_waiting_reqs`` and
   ``num_tokens`` (used + queued tokens); no pool size, no usage.
+
+**The extension point for a new load signal** is one field of ``RankLoad`` and the line of the
+parser(s) that fill it: ``capacity``'s controller gets the whole ``RankLoad`` (``LaneSample.load``)
+and ``run/telemetry.py`` writes every field to the lane's ``telemetry.jsonl`` line under the
+key its ``signal(...)`` names (the field's own name by default: then add the key, with its
+description, to ``rundir/lines.py``'s ``TelemetryLine``). A field kept out of telemetry says why
+(``signal(None, why=...)``). Behind a router, ``merge_workers`` says how the workers' values of
+it add up. ``tests/test_telemetry_signals.py`` fails for a field that neither reaches a telemetry
+line nor says why not, and for one a router's lane drops.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, replace
+from dataclasses import Field, dataclass, field, replace
 from typing import Any, Literal
 
 LoadSource = Literal["loads", "metrics", "get_load"]
 
+_TELEMETRY = "telemetry"
+_WHY = "why"
+
+
+def signal(telemetry: str | None, *, why: str = "") -> Any:
+    """A ``RankLoad`` field (None by default) whose telemetry key is ``telemetry``, or, with
+    None, one that no telemetry line carries, for the reason ``why``."""
+    if telemetry is None and not why:
+        raise ValueError("a signal kept out of telemetry says why")
+    return field(default=None, metadata={_TELEMETRY: telemetry, _WHY: why})
+
+
+def telemetry_key(load_field: Field[Any]) -> str | None:
+    """The ``TelemetryLine`` key a ``RankLoad`` field is written under (None: not written)."""
+    key: str | None = load_field.metadata.get(_TELEMETRY, load_field.name)
+    return key
+
+
+def kept_out_because(load_field: Field[Any]) -> str:
+    """Why a ``RankLoad`` field reaches no telemetry line ("" for one that does)."""
+    why: str = load_field.metadata.get(_WHY, "")
+    return why
+
 
 @dataclass(frozen=True, slots=True)
 class RankLoad:
-    """One DP rank's numbers; None where the source does not report them."""
+    """One DP rank's numbers; None where the source does not report them.
 
-    rank: int
-    running: int | None = None
-    waiting: int | None = None
-    used_tokens: int | None = None
-    pool_tokens: int | None = None
+    One field per signal: the controller reads it from ``LaneSample.load`` and telemetry writes
+    it under ``telemetry_key`` (the module docstring: the extension point)."""
+
+    rank: int = field(metadata={_TELEMETRY: None, _WHY: "a line names its lane's rank"})
+    running: int | None = signal("num_running_reqs")
+    waiting: int | None = signal("num_queue_reqs")
+    used_tokens: int | None = signal(None, why="in token_usage, when the server reports none")
+    pool_tokens: int | None = signal(None, why="in token_usage, when the server reports none")
     token_usage: float | None = None
+    """Written as the lane's usage: this, else ``used_tokens / pool_tokens``."""
     gen_throughput: float | None = None
-    retracted_waiting: int | None = None
-    max_running: int | None = None
+    retracted_waiting: int | None = signal(
+        None, why="a retraction it shows counts in num_retracted_reqs (the controller's)"
+    )
+    max_running: int | None = signal(None, why="a cap of the gate's, not a load")
     spec_accept_length: float | None = None
     """Speculative tokens per verify step (``/v1/loads`` ``speculative.accept_length``, or the
     ``sglang:spec_accept_length`` gauge); None without speculative decoding (SGLang reports 0)."""

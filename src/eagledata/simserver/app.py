@@ -1,4 +1,8 @@
-"""The aiohttp application: SGLang's native routes, plus ``/_sim/control`` and ``/_sim/stats``."""
+"""The aiohttp application: SGLang's native routes, plus ``/_sim/control`` and ``/_sim/stats``.
+
+This module owns ``/generate`` (plain and streamed), the ``--api-key`` middleware and the route
+table (``create_app``); the other routes are ``routes.py``.
+"""
 
 from __future__ import annotations
 
@@ -9,33 +13,43 @@ from typing import Any
 import orjson
 from aiohttp import web
 from aiohttp.typedefs import Handler
-from pydantic import ValidationError
 
-from eagledata.errors import EagledataError
 from eagledata.simserver import shapes
 from eagledata.simserver.config import SimConfig
 from eagledata.simserver.faults import apply_fault_abort, draw_faults
 from eagledata.simserver.logprobs import trim_to_output
-from eagledata.simserver.metrics import render_loads, render_metrics
 from eagledata.simserver.model import resolve_model
-from eagledata.simserver.protocol import SimRequestError, abort_reason, bad_body, queue_full_body
+from eagledata.simserver.protocol import (
+    SimRequestError,
+    abort_reason,
+    bad_body,
+    json_response,
+    queue_full_body,
+)
 from eagledata.simserver.requests import (
     Parsed,
     parse_generate,
     remember_answers,
     remember_prompts,
 )
+from eagledata.simserver.routes import (
+    abort_request,
+    control,
+    flush_cache,
+    get_load,
+    get_model_info,
+    get_server_info,
+    health,
+    list_models,
+    metrics,
+    sim_stats,
+    v1_loads,
+)
 from eagledata.simserver.sampling import SamplingSpec
-from eagledata.simserver.scheduler import ABORTED, QUEUED, RID_LIMIT, Item, QueueFullError
-from eagledata.simserver.server_info import model_info, server_info
-from eagledata.simserver.state import STATE, SimState, apply_control, stats_snapshot
+from eagledata.simserver.scheduler import ABORTED, QUEUED, Item, QueueFullError
+from eagledata.simserver.state import STATE, SimState
 
-JSON = "application/json"
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-
-
-def _json(body: Any, status: int = 200) -> web.Response:
-    return web.Response(body=orjson.dumps(body), status=status, content_type=JSON)
 
 
 def _sse(body: Any) -> bytes:
@@ -119,7 +133,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
         stats.outcomes["bad_request"] += 1
         if stream and not exc.plain_http:  # SGLang streams tokenizer errors as an event
             return web.Response(body=_sse(exc.body) + DONE_EVENT, headers=SSE_HEADERS)
-        return _json(exc.body, exc.status)
+        return json_response(exc.body, exc.status)
     stats.items += len(parsed.pairs)
     faults = draw_faults(state.config, state.attempts, parsed.fault_key)
     if "stall" in faults:
@@ -135,12 +149,12 @@ async def generate(request: web.Request) -> web.StreamResponse:
         return await _stream(request, state, parsed, faults, arrived)
     if "fail_503" in faults:
         stats.outcomes["fail_503"] += 1
-        return _json(queue_full_body("Simulated overload."), 503)
+        return json_response(queue_full_body("Simulated overload."), 503)
     try:
         state.scheduler.submit(items, state.config)
     except QueueFullError:
         stats.outcomes["queue_full"] += 1
-        return _json(queue_full_body(), 503)
+        return json_response(queue_full_body(), 503)
     remember_prompts(state, parsed)
     try:
         for item in items:
@@ -150,7 +164,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
         _client_gone(state, items)
         raise
     if any(item.rejected for item in items):  # retracted, then refused by a full queue
-        return _json(queue_full_body(), 503)
+        return json_response(queue_full_body(), 503)
     if "reset" in faults:
         stats.outcomes["reset"] += 1
         _drop_connection(request)
@@ -165,7 +179,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
     for body, extra in zip(out, parsed.logprob_meta, strict=False):  # logprobs.py
         if extra is not None:
             body["meta_info"].update(trim_to_output(extra, len(body["output_ids"])))
-    return _json(out[0] if parsed.single else out)
+    return json_response(out[0] if parsed.single else out)
 
 
 async def _stream(
@@ -245,122 +259,6 @@ async def _stream(
     return response
 
 
-# --- other routes ---------------------------------------------------------------------------
-
-
-def _ready(state: SimState) -> bool:
-    elapsed = asyncio.get_running_loop().time() - state.started
-    return state.config.healthy and elapsed >= state.config.startup_s
-
-
-async def health(request: web.Request) -> web.Response:
-    return web.Response(status=200 if _ready(request.app[STATE]) else 503)
-
-
-async def get_server_info(request: web.Request) -> web.Response:
-    state = request.app[STATE]
-    throughput = state.scheduler.gen_throughput()
-    tally = state.spec_tally
-    return _json(
-        server_info(
-            state.config,
-            host=state.host,
-            port=state.port,
-            throughput=throughput,
-            spec_tokens=tally.tokens,
-            spec_verify_ct=tally.verify_ct,
-        )
-    )
-
-
-async def get_model_info(request: web.Request) -> web.Response:
-    return _json(model_info(request.app[STATE].config))
-
-
-async def list_models(request: web.Request) -> web.Response:
-    state = request.app[STATE]
-    name = state.config.served_name()
-    model = {
-        "id": name,
-        "object": "model",
-        "created": int(time.time()),
-        "owned_by": "sglang",
-        "root": name,
-        "parent": None,
-        "max_model_len": state.config.context_length,
-    }
-    return _json({"object": "list", "data": [model]})
-
-
-async def get_load(request: web.Request) -> web.Response:
-    state = request.app[STATE]
-    if state.config.version_tuple() >= (0, 5, 21) or state.config.hide_load_routes:
-        raise web.HTTPNotFound()
-    load = state.scheduler.load(state.config)
-    return _json([{**entry, "ts_tic": time.time()} for entry in load])
-
-
-async def flush_cache(request: web.Request) -> web.Response:
-    scheduler = request.app[STATE].scheduler
-    if scheduler.live:
-        return web.Response(status=400, text="Cache not flushed: requests are running or queued.")
-    scheduler.prefix_seen.clear()
-    for cache in request.app[STATE].prefix_caches.values():
-        cache.clear()
-    return web.Response(text="Cache flushed.")
-
-
-async def abort_request(request: web.Request) -> web.Response:
-    state = request.app[STATE]
-    try:
-        body = orjson.loads(await request.read() or b"{}")
-    except orjson.JSONDecodeError:
-        body = None
-    if not isinstance(body, dict):
-        return _json(bad_body("The request body must be a JSON object.").body, 400)
-    rid, abort_all = str(body.get("rid") or ""), bool(body.get("abort_all", False))
-    calls = state.scheduler.stats.abort_calls
-    if len(calls) < RID_LIMIT:
-        calls.append(rid)
-    state.scheduler.abort(rid, abort_all, state.config)
-    return web.Response(status=200)
-
-
-async def metrics(request: web.Request) -> web.Response:
-    state = request.app[STATE]
-    if not state.config.enable_metrics or state.config.hide_load_routes:
-        raise web.HTTPNotFound()
-    text = render_metrics(state)
-    return web.Response(text=text, content_type="text/plain", charset="utf-8")
-
-
-async def v1_loads(request: web.Request) -> web.Response:
-    """``/v1/loads`` (0.5.8+): live load per DP rank (``entrypoints/v1_loads.py``)."""
-    state = request.app[STATE]
-    if state.config.version_tuple() < (0, 5, 8) or state.config.hide_load_routes:
-        raise web.HTTPNotFound()
-    try:
-        body = render_loads(state, request.query.get("dp_rank"), request.query.get("include"))
-    except shapes.BadSections as exc:
-        return _json({"detail": str(exc)}, 400)
-    return _json(body)
-
-
-async def control(request: web.Request) -> web.Response:
-    state = request.app[STATE]
-    try:
-        changes = orjson.loads(await request.read())
-        if not isinstance(changes, dict):
-            raise ValueError("the body must be a JSON object of SimConfig fields")
-        return _json(apply_control(state, changes))
-    except (ValueError, ValidationError, EagledataError) as exc:
-        return _json({"error": str(exc)}, 400)
-
-
-async def sim_stats(request: web.Request) -> web.Response:
-    return _json(stats_snapshot(request.app[STATE]))
-
-
 OPEN_PATHS = ("/health", "/metrics", "/_sim/")
 """SGLang's ``--api-key`` middleware lets ``/health*`` and ``/metrics`` through; ``/_sim/`` is
 the simulator's own control surface, not part of SGLang."""
@@ -373,7 +271,7 @@ async def api_key_middleware(request: web.Request, handler: Handler) -> web.Stre
     if key is None or request.method == "OPTIONS" or request.path.startswith(OPEN_PATHS):
         return await handler(request)
     if request.headers.get("Authorization") != "Bearer " + key:
-        return _json({"error": "Unauthorized"}, 401)
+        return json_response({"error": "Unauthorized"}, 401)
     return await handler(request)
 
 

@@ -1,14 +1,23 @@
-"""SGLang's answer shapes that the simulated server reproduces: refusals and abort reasons."""
+"""SGLang's answer shapes that the simulated server reproduces: JSON answers, refusals and abort
+reasons."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import orjson
+from aiohttp import web
 
 from eagledata.errors import EagledataError
 
 FinishReason = dict[str, Any]
+
+JSON = "application/json"
+
+
+def json_response(body: Any, status: int = 200) -> web.Response:
+    """A JSON answer, as SGLang's routes give it."""
+    return web.Response(body=orjson.dumps(body), status=status, content_type=JSON)
 
 
 class SimRequestError(EagledataError):

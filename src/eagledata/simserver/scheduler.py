@@ -11,8 +11,9 @@ from typing import Any
 from eagledata.errors import EagledataError
 from eagledata.simserver.capacity import CapacityEngine
 from eagledata.simserver.config import SimConfig
+from eagledata.simserver.loop_rank import QUEUE_FULL
 from eagledata.simserver.protocol import FinishReason, abort_reason
-from eagledata.simserver.sglang_loop import QUEUE_FULL, LoopEngine
+from eagledata.simserver.sglang_loop import LoopEngine
 
 QUEUED, RUNNING, DONE, ABORTED = range(4)
 

@@ -1,0 +1,167 @@
+"""The gate of ``--concurrency auto``: senders ``acquire`` a ticket before each request, and the
+first waiter goes to the lane with the most free projected KV once one has room; the canary's
+requests and a failing server's probe ``enter`` pinned to their lane, ahead of the run's own;
+``release`` frees the place and teaches the length model. The loop that samples the servers is
+``loadcontrol.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from eagledata.capacity.controller import Lane
+from eagledata.capacity.forecast import new_draws
+from eagledata.capacity.lane_state import Ticket
+from eagledata.run.load_lanes import LaneSet, Waiter
+
+_UNGATED = object()
+"""The pass of a request the controller does not gate (a server it has no lane for)."""
+
+
+class LoadGate(LaneSet):
+    """Tickets for requests, per lane, by room in the KV forecast (``LaneSet``: the state)."""
+
+    async def acquire(self, prompt_tokens: int) -> Ticket:
+        """Wait until some lane has room for this request; it is then counted in flight there."""
+        self._prompt_sum += prompt_tokens
+        self._prompt_count += 1
+        fut: asyncio.Future[Ticket] = asyncio.get_running_loop().create_future()
+        self._waiters.append(Waiter(prompt_tokens, new_draws(self._rng), fut))
+        return await self._wait(fut)
+
+    async def _wait(self, fut: asyncio.Future[Ticket]) -> Ticket:
+        self._dispatch()
+        try:
+            return await fut
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled():
+                self.release(fut.result())
+            raise
+
+    def lane_of(self, url: str, rank: int | None) -> Lane | None:
+        lanes = self.lanes.get(url)
+        if not lanes:
+            return None
+        if rank is not None:
+            return next((lane for lane in lanes if lane.rank == rank), lanes[0])
+        return lanes[0]
+
+    async def enter(
+        self, url: str, rank: int | None, prompt_tokens: int, max_new_tokens: int
+    ) -> object:
+        """A request that is not the run's own (the canary's, a probe's), pinned to one lane:
+        a ticket there, ahead of the waiting run requests, at its exact length. Under a fixed
+        ``--concurrency`` this gate is not used."""
+        lane = self.lane_of(url, rank)
+        if lane is None or not self.auto:
+            return _UNGATED
+        fut: asyncio.Future[Ticket] = asyncio.get_running_loop().create_future()
+        projected = prompt_tokens + max_new_tokens
+        self._waiters.appendleft(
+            Waiter(prompt_tokens, new_draws(self._rng), fut, lane=lane, projected=projected)
+        )
+        return await self._wait(fut)
+
+    def leave(self, entry: object) -> None:
+        if isinstance(entry, Ticket):
+            # The canary's answers teach nothing: their KV at the end is their projection.
+            self.release(entry, answered=True, data=False)
+
+    def _healthy(self, url: str) -> bool:
+        endpoint = self.client.endpoint(url)
+        return endpoint is None or endpoint.healthy
+
+    def _refresh_curves(self, now: float) -> None:
+        """Tell the length model which requests are still running and how far along (at most
+        once per poll: ages move slowly), and give every ticket the current curve."""
+        if now - self._ages_at < self.load.poll_interval_s:
+            return
+        self._ages_at = now
+        tickets = [
+            (lane, t) for lanes in self.lanes.values() for lane in lanes for t in lane.tickets
+        ]
+        self.lengths.set_running((t.prompt_tokens, lane.age(t, now)) for lane, t in tickets)
+        for _, ticket in tickets:
+            ticket.lengths = self.lengths.curve(ticket.prompt_tokens)
+
+    def _dispatch(self) -> None:
+        now = time.monotonic()
+        self._refresh_curves(now)
+        if self._prompt_count != self._queue_targets_at:
+            self._queue_targets()  # q* from the first prompts on, not from the first poll
+        while self._waiters:
+            waiter = self._waiters[0]
+            if waiter.fut.done():
+                self._waiters.popleft()
+                continue
+            prompt = waiter.prompt_tokens
+            if waiter.projected is not None:
+                projected, lengths = waiter.projected, None
+            else:
+                # Projected now, not when it started waiting: the length model learns meanwhile.
+                projected = prompt + min(self.max_new_tokens, self.lengths.estimate(prompt))
+                lengths = self.lengths.curve(prompt)
+            best: tuple[float, Ticket] | None = None
+            for url, lanes in self.lanes.items():
+                if not self._healthy(url) and waiter.lane is None:
+                    continue
+                for lane in lanes:
+                    if waiter.lane is not None and lane is not waiter.lane:
+                        continue
+                    candidate = Ticket(lane, prompt, projected, now, lengths, draws=waiter.draws)
+                    room = lane.room(candidate, now)
+                    if room is not None and (best is None or room > best[0]):
+                        best = (room, candidate)
+            if best is None:
+                if self.auto and self._held_by_queue(waiter):
+                    # Only a fresh count of the server's queue can open it: sample soon.
+                    self._answer_ended.set()
+                return
+            ticket = best[1]
+            ticket.lane.tickets[ticket] = None
+            self._waiters.popleft()
+            waiter.fut.set_result(ticket)
+
+    def _held_by_queue(self, waiter: Waiter) -> bool:
+        """Did a queue rule (not the KV forecast) hold this waiter on every lane it may use?"""
+        lanes = (
+            [waiter.lane]
+            if waiter.lane is not None
+            else [lane for lanes in self.lanes.values() for lane in lanes]
+        )
+        return any(lane.last_hold in ("queue", "queue_cap") for lane in lanes)
+
+    def release(
+        self,
+        ticket: Ticket,
+        *,
+        completion_tokens: int | None = None,
+        retractions: int = 0,
+        queue_full: bool = False,
+        answered: bool = False,
+        data: bool = True,
+    ) -> None:
+        """The request ended (a result, a failure, a 503): free its place, learn from it.
+        ``answered`` without ``completion_tokens``: an answer of known length that teaches
+        nothing (the canary's); ``data``: one of the run's own requests."""
+        lane = ticket.lane
+        if queue_full:
+            lane.queue_full(time.monotonic(), lane.queued_at_most())
+        lane.tickets.pop(ticket, None)
+        now = time.monotonic()
+        if completion_tokens is not None:
+            self.lengths.add(ticket.prompt_tokens, completion_tokens)
+            self._ages_at = -float("inf")  # a new answer: new curves for everyone in flight
+            lane.learn_rate(completion_tokens, now - ticket.sent_at)
+            lane.ended(ticket, now, ticket.prompt_tokens + completion_tokens, data=data)
+        elif answered:
+            lane.ended(ticket, now, ticket.projected, data=False)
+        news = completion_tokens is not None or answered or queue_full
+        if news and self._waiters and self.auto:
+            self._answer_ended.set()  # sample now: the room it left, the queue it freed
+        if retractions and not lane.counts_retractions():
+            # A retraction reaches its response only when that request ends, often minutes
+            # after the server's counter showed it: news only from a server without a counter.
+            lane.target.back_off(now)
+        self._dispatch()
