@@ -84,9 +84,7 @@ def module_map() -> str:
     top = sorted(p for p in PACKAGE.glob("*.py") if p.name not in ("__init__.py", "__main__.py"))
     for path in top:
         rows.append(f"| `{path.name}` | {first_sentence(path)} |")
-    packages = sorted(
-        p for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").exists()
-    )
+    packages = sorted(p for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").exists())
     for package in packages:
         for path in sorted(package.glob("*.py")):
             rows.append(f"| `{package.name}/{path.name}` | {first_sentence(path)} |")

@@ -141,3 +141,20 @@ def test_one_atomic_write() -> None:
         if module not in renames and any(p in path.read_text() for p in patterns)
     ]
     assert not by_hand, by_hand
+
+
+MAX_LINES = 400
+"""A module longer than this does several jobs: split it where the jobs meet."""
+
+
+def test_no_module_over_400_lines_unless_it_says_it_is_a_data_contract() -> None:
+    """One job per module. The one exception is data kept whole on purpose (the line contract:
+    one class per kind of line, read in one place), and its docstring must say so."""
+    long = []
+    for module, path in source_modules().items():
+        if len(path.read_text().splitlines()) <= MAX_LINES:
+            continue
+        docstring = ast.get_docstring(ast.parse(path.read_text())) or ""
+        if "data contract, kept in one module on purpose" not in docstring:
+            long.append(f"{module}: {len(path.read_text().splitlines())} lines")
+    assert not long, "split these where their jobs meet:\n" + "\n".join(long)
