@@ -20,7 +20,14 @@ import pytest
 from eagledata.errors import ConfigError, LaunchError
 from eagledata.profiles.loading import list_profiles, load_profile, parse_profile
 from eagledata.profiles.profile import Profile
-from eagledata.server.launch import build_launch_command, format_command, launch_and_wait
+from eagledata.server.launch import (
+    build_launch_command,
+    format_command,
+    group_members,
+    launch_and_wait,
+    start_process,
+    stop_process,
+)
 from eagledata.server.launch_args import check_server_args, model_from_argv
 from eagledata.server.launch_release import choose_version, installed_sglang_version
 from eagledata.server.readiness import wait_for_health
@@ -617,3 +624,30 @@ def test_an_installed_release_the_profile_lacks_is_one_line_naming_the_fix() -> 
         choose_version(
             profile("kimi-k25-dcp8"), requested=None, installed=None, python="py", dry_run=False
         )
+
+
+LINGERING_CHILD = """
+import signal, subprocess, sys, time
+# the child: on SIGTERM it takes a moment to let go (a scheduler freeing GPU memory, a router
+# closing its port), then ends
+child = subprocess.Popen([sys.executable, "-c",
+    "import signal, sys, time\\n"
+    "signal.signal(signal.SIGTERM, lambda *_: (time.sleep(1.0), sys.exit(0)))\\n"
+    "print('ready', flush=True)\\n"
+    "time.sleep(600)"], stdout=subprocess.PIPE)
+child.stdout.readline()
+print(child.pid, flush=True)
+time.sleep(600)  # the leader: SIGTERM ends it at once
+"""
+
+
+def test_stopping_a_server_waits_for_its_whole_process_group() -> None:
+    """SGLang's schedulers, sglang-router's workers: children that outlive the process we
+    started by a moment, holding the GPU memory or the port the next start needs. Stopping
+    returns only once the whole group is gone."""
+    process = start_process([sys.executable, "-c", LINGERING_CHILD], stdout=subprocess.PIPE)
+    assert process.stdout is not None
+    child = int(process.stdout.readline())
+    assert child in group_members(process.pid)
+    stop_process(process, timeout_s=30)
+    assert group_members(process.pid) == []  # the child too, not only the leader

@@ -14,6 +14,7 @@ import os
 import shlex
 import signal
 import subprocess
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -121,21 +122,55 @@ def format_command(command: Sequence[str]) -> str:
     return shlex.join(command)
 
 
-def stop_process(process: subprocess.Popen[bytes], *, timeout_s: float = 30.0) -> int | None:
-    """Stop a server we started: SIGTERM to its process group, SIGKILL after ``timeout_s``."""
-    if process.poll() is not None:
-        return process.returncode
-    for sig in (signal.SIGTERM, signal.SIGKILL):
+def group_members(pgid: int) -> list[int]:
+    """The live processes of process group ``pgid`` (zombies, which hold nothing, left out)."""
+    proc = Path("/proc")
+    if not proc.is_dir():  # not Linux: is anything of the group left at all?
         try:
-            os.killpg(process.pid, sig)
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return []
+        except PermissionError:
+            pass
+        return [pgid]
+    members = []
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:  # it ended while we looked
+            continue
+        # "pid (comm) state ppid pgrp ...": comm may hold spaces and parentheses
+        state, _ppid, pgrp = stat[stat.rindex(")") + 2 :].split()[:3]
+        if int(pgrp) == pgid and state not in ("Z", "X"):
+            members.append(int(entry.name))
+    return members
+
+
+def stop_process(process: subprocess.Popen[bytes], *, timeout_s: float = 30.0) -> int | None:
+    """Stop a server we started, its whole process group: SIGTERM, SIGKILL after ``timeout_s``.
+
+    Returns once no process of the group is left, not when its first process ends: SGLang's
+    schedulers and sglang-router's workers are children that may outlive the process we started
+    by a moment, holding the GPU memory or the port the next start needs."""
+    pgid = process.pid  # start_process made it the leader of a group of its own
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        if process.poll() is not None and not group_members(pgid):
+            return process.returncode
+        try:
+            os.killpg(pgid, sig)
         except ProcessLookupError:
             break
         except PermissionError:
             process.send_signal(sig)
+        deadline = time.monotonic() + timeout_s
         try:
-            return process.wait(timeout=timeout_s)
+            process.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             continue
+        while group_members(pgid) and time.monotonic() < deadline:
+            time.sleep(0.05)
     return process.poll()
 
 
