@@ -50,13 +50,12 @@ CANARY = {
 
 
 def free_port() -> int:
-    """A port with a free neighbour: the router's Prometheus exporter takes PORT + 1."""
-    while True:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = int(sock.getsockname()[1])
-        if port < 65535 and not listening(port + 1):
-            return port
+    """A port nothing listens on now. The router's Prometheus exporter gets one of its own
+    (``launch_router_cli``), not launch-server's PORT + 1: ``bind(0)`` hands out odd ports and
+    Linux gives outgoing connections even ones, so under load PORT + 1 is often some client's."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def listening(port: int) -> bool:
@@ -100,6 +99,7 @@ def launch_router_cli(workers: list[SimServerThread], port: int) -> subprocess.P
         args += ["--router", worker.url]
     # the router notices a dead or changed worker within a second (default: every 60 s)
     args += ["--", "--health-check-interval-secs", "1", "--health-failure-threshold", "1"]
+    args += ["--prometheus-port", str(free_port())]
     return subprocess.Popen(
         eagledata_cmd(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
