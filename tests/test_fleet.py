@@ -262,3 +262,24 @@ def test_a_term_to_launch_server_stops_its_router(two_workers: list[SimServerThr
     context manager checks its port is closed)."""
     with launched_router(two_workers, stop=signal.SIGTERM) as url:
         assert url.startswith("http://127.0.0.1:")
+
+
+@pytest.mark.parametrize("taken", ["router", "exporter"])
+def test_a_router_port_already_taken_is_one_line_naming_the_fix(
+    two_workers: list[SimServerThread], taken: str
+) -> None:
+    """A port in use would make sglang-router panic with a stack trace; launch-server says
+    which port and what to pass instead, before it starts anything."""
+    port = free_port()
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", port if taken == "router" else port + 1))
+        holder.listen()
+        args = ["launch-server", "--router-port", str(port)]
+        for worker in two_workers:
+            args += ["--router", worker.url]
+        done = subprocess.run(eagledata_cmd(*args), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 6, done.stderr
+    line = done.stderr.strip().splitlines()[-1]
+    wanted = port if taken == "router" else port + 1
+    assert f"port {wanted} " in line and "already in use" in line
+    assert "--router-port" in line and "--prometheus-port" in line

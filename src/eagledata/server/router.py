@@ -14,7 +14,9 @@ periodically, with the KV guard and the logprob canary.
 
 from __future__ import annotations
 
+import errno
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -68,6 +70,34 @@ def build_router_command(
         "--log-level", "warn",  # its info log is a line per request
         *extra_args,
     ]  # fmt: skip
+
+
+def port_in_use(host: str, port: int) -> bool:
+    """Would binding ``host:port`` fail because something holds it?"""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        # as a server binds: a port in TIME_WAIT is free to it, one that is held is not
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as error:
+            return error.errno == errno.EADDRINUSE
+    return False
+
+
+def check_ports_free(host: str, port: int, extra_args: Sequence[str]) -> None:
+    """The router's port and its Prometheus exporter's (``port + 1`` unless the extra arguments
+    name one), checked before it starts: taken, the router panics at start-up with a stack
+    trace; here it is one line naming the fix."""
+    wanted = [(port, "--router-port")]
+    if "--prometheus-port" not in extra_args:
+        wanted.append((port + 1, "its Prometheus exporter's, --router-port + 1"))
+    for number, what in wanted:
+        if port_in_use(host, number):
+            raise LaunchError(
+                f"port {number} ({what}) is already in use on {host}: pick another "
+                "--router-port, or name the exporter's with '-- --prometheus-port P'"
+            )
 
 
 def router_url(host: str, port: int) -> str:
@@ -211,6 +241,7 @@ def launch_router(
     every worker it lists. Anything that goes wrong (a refused worker, the deadline, Ctrl-C)
     stops the router before the error propagates: nothing is left running."""
     wanted = [normalize_worker(w) for w in workers]
+    check_ports_free(host, port, extra_args)
     command = build_router_command(
         wanted, host=host, port=port, python=python or router_python(), extra_args=extra_args
     )
