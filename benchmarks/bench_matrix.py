@@ -19,8 +19,11 @@ Shapes (``--shapes``):
   tokens +-50% (``max_new_tokens`` 8,192), the 116,000-token pool; ~20 requests fill it.
 * ``two``: two servers of the ``fast`` shape, the second at half speed: each fixed setting on
   each server alone, then ``auto`` on both, against the sum of the single-server bests.
-* ``growing``: answers of 400 tokens +-30% that grow to 800 when half the job is answered
-  (``max_new_tokens`` 1,024, a 36,000-token pool).
+* ``growing``: answers of 400 tokens +-30% for the first half of the dataset and of 800 for
+  the second half (``max_new_tokens`` 1,024, a 36,000-token pool). The growth belongs to the
+  work item (the second half's prompts end in a marker word the simulated server knows,
+  ``output_len_long_token``), not to when its request arrives: every setting faces the same
+  job, however early it sends the second half.
 * ``restart``: the ``growing`` shape's first half; then the server restarts (its process goes,
   connections are cut, it comes back on the same port a modelled 20 s later) with a pool of
   24,000 tokens instead of 36,000.
@@ -33,10 +36,15 @@ server held at once (``max in flight``: what the client had there, canary includ
 
     python benchmarks/bench_matrix.py           # every shape at both scales (~47 min, 2 cores)
     python benchmarks/bench_matrix.py --quick         # fast, queue-cap, two at one scale
-    python benchmarks/bench_matrix.py --shapes fast --scales 0.1
+    python benchmarks/bench_matrix.py --shapes fast --scales 0.1 --merge
+    python benchmarks/bench_matrix.py --shapes fast --client-src ../main/src --results before.json
 
-Prints a markdown table per shape and writes ``benchmarks/results/matrix.json``. The numbers
-and their reading: docs/throughput.md (A second scheduler model, and a matrix of workloads).
+Prints a markdown table per shape and writes ``benchmarks/results/matrix.json``; ``--merge``
+replaces only the shapes and scales it ran there, each point stamped with the commit of its
+client. ``--client-src`` runs the client (``eagledata generate``) from another source tree
+against the same simulated servers: an A/B of two commits' clients on one simulator. The
+numbers and their reading: docs/throughput.md (A second scheduler model, and a matrix of
+workloads).
 """
 
 from __future__ import annotations
@@ -75,7 +83,7 @@ class Shape:
     scales: tuple[float, float]
     canary: bool = False
     grow_to: float | None = None
-    """Answers' mean from halfway through the job (``growing``)."""
+    """Answers' mean for the second half of the dataset (``growing``)."""
     restart_pool: int | None = None
     """The pool the server restarts with halfway through the job (``restart``)."""
     slow_second: bool = False
@@ -112,6 +120,10 @@ class Job:
     work: Path
     tokenizer: str
     label: str = ""
+    long_token: int | None = None
+    """The token id that marks the prompts of the grown answers (``growing``)."""
+    client_src: Path | None = None
+    """Run the client from this source tree (``--client-src``), not this one."""
     load: dict[str, str] = field(default_factory=dict)
     """Extra ``[load]`` settings (``--load``): an experiment, not the matrix's numbers."""
     engines: list[dict[str, float]] = field(default_factory=list)
@@ -129,6 +141,9 @@ class Job:
             **self.shape.server,
             **extra,
         }
+        if self.shape.grow_to is not None:
+            fields["output_len_long_token"] = self.long_token
+            fields["output_len_long_mean"] = self.shape.grow_to
         if slow:
             fields["sglang_loop"] = {"slowdown": 2.0}
         return SimConfig(**fields)
@@ -173,6 +188,8 @@ enabled = {"true" if self.shape.canary else "false"}
             "--dataset", str(dataset), "--no-progress",
         ]  # fmt: skip
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+        if self.client_src is not None:
+            env["PYTHONPATH"] = str(self.client_src)
         started = time.monotonic()
         with (self.work / f"{slug}.log").open("wb") as log:
             client = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
@@ -192,9 +209,9 @@ enabled = {"true" if self.shape.canary else "false"}
         return self._result(tokens, time.monotonic() - started)
 
     def _watch(self, client: subprocess.Popen[bytes], sims: list[SimServerThread]) -> list[Any]:
-        """Halfway through the job (by answers), grow the answers or restart the server."""
+        """Halfway through the job (by answers), restart the server (``restart``)."""
         shape = self.shape
-        if shape.grow_to is None and shape.restart_pool is None:
+        if shape.restart_pool is None:
             return sims
         half = shape.prompts // 2
         while client.poll() is None:
@@ -203,11 +220,6 @@ enabled = {"true" if self.shape.canary else "false"}
             time.sleep(0.1)
         else:
             return sims
-        if shape.grow_to is not None:
-            for sim in sims:
-                sim.control(output_len_mean=shape.grow_to)
-            return sims
-        assert shape.restart_pool is not None
         old = sims[0]
         self._collect(old)
         port = old.port
@@ -249,12 +261,44 @@ enabled = {"true" if self.shape.canary else "false"}
         }
 
 
-def write_dataset(path: Path, rows: int, words: tuple[int, int], seed: int = 0) -> None:
+def write_dataset(
+    path: Path, rows: int, words: tuple[int, int], seed: int = 0, *, marked_from: int | None = None
+) -> list[str]:
+    """The job's prompts; those from row ``marked_from`` on end in ``MARKER``. Returns them."""
     rng = random.Random(seed)
+    texts = []
     with path.open("w") as out:
         for index in range(rows):
             text = " ".join(rng.choice(WORDS) for _ in range(rng.randint(*words)))
+            if marked_from is not None and index >= marked_from:
+                text += f" {MARKER}"
+            texts.append(text)
             out.write(json.dumps({"id": f"p{index}", "prompt": text}) + "\n")
+    return texts
+
+
+MARKER = "grow"
+"""The word that ends the prompts of ``growing``'s second half."""
+
+
+def marker_token(tokenizer_dir: str, texts: list[str], marked_from: int) -> int:
+    """A token id that every marked prompt holds and no unmarked one (nor the chat template's
+    own text) does: what the simulated server keys the grown answers on."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(Path(tokenizer_dir) / "tokenizer.json"))
+    template = ["<|im_start|>user\n", "<|im_end|>\n<|im_start|>assistant\n"]
+    unmarked: set[int] = set()
+    for text in [*texts[:marked_from], *template]:
+        unmarked.update(tokenizer.encode(text).ids)
+    common: set[int] | None = None
+    for text in texts[marked_from:]:
+        ids = set(tokenizer.encode(text).ids)
+        common = ids if common is None else common & ids
+    candidates = sorted((common or set()) - unmarked)
+    if not candidates:
+        raise RuntimeError(f"no token of {MARKER!r} marks the second half only: pick another")
+    return candidates[0]
 
 
 def output_tokens(run_dir: Path) -> tuple[int, int]:
@@ -274,15 +318,21 @@ def run_shape(
     tokenizer: str,
     settings: tuple[str, ...] = SETTINGS,
     load: dict[str, str] | None = None,
+    client_src: Path | None = None,
 ) -> list[dict[str, Any]]:
     dataset = work / f"{shape.name}.jsonl"
-    write_dataset(dataset, shape.prompts, shape.words)
+    half = shape.prompts // 2 if shape.grow_to is not None else None
+    texts = write_dataset(dataset, shape.prompts, shape.words, marked_from=half)
+    long_token = None if half is None else marker_token(tokenizer, texts, half)
     results = []
     print(f"\n### {shape.name}, time scale {scale}\n", flush=True)
     print(HEADER, flush=True)
 
     def job(setting: str, label: str = "") -> Job:
-        return Job(shape, scale, setting, work, tokenizer, label=label, load=load or {})
+        return Job(
+            shape, scale, setting, work, tokenizer, label=label, long_token=long_token,
+            client_src=client_src, load=load or {},
+        )  # fmt: skip
 
     if shape.slow_second:
         for which, slow in (("fast", False), ("slow", True)):
@@ -392,6 +442,12 @@ def main() -> None:
     )
     parser.add_argument("--results", type=Path, default=RESULTS)
     parser.add_argument("--keep", type=Path, help="run in this folder and keep it")
+    parser.add_argument(
+        "--merge", action="store_true", help="replace only the shapes and scales run in --results"
+    )
+    parser.add_argument(
+        "--client-src", type=Path, help="run the client from this source tree (an A/B)"
+    )
     args = parser.parse_args()
     names = args.shapes or (list(QUICK) if args.quick else list(SHAPES))
     tokenizer = resolve_bundled("bundled:tokenizer/tiny-chatml")
@@ -418,7 +474,9 @@ def main() -> None:
         for scale in scales:
             chosen = tuple(args.settings or SETTINGS)
             load = dict(item.split("=", 1) for item in args.load)
-            shape_results = run_shape(shape, scale, work_dir, tokenizer, chosen, load)
+            shape_results = run_shape(
+                shape, scale, work_dir, tokenizer, chosen, load, args.client_src
+            )
             results.extend(shape_results)
             if args.settings is None:
                 verdicts.append(verdict(name, scale, shape_results))
@@ -426,16 +484,39 @@ def main() -> None:
     print(f"\n### Against the targets\n\n{SUMMARY_HEADER}")
     for v in verdicts:
         print(summary_row(v))
-    out = {
+    client = str(args.client_src) if args.client_src is not None else commit
+    run = {
         "command": " ".join(["python", "benchmarks/bench_matrix.py", *sys.argv[1:]]),
         "commit": commit,
+        "client": client,
         "wall_s": round(time.monotonic() - started),
         "load_average_1min": [round(x, 2) for x in load_average],
-        "points": results,
-        "verdicts": verdicts,
     }
+    for point in [*results, *verdicts]:
+        point["client"] = client
+    out = {"runs": [run], "points": results, "verdicts": verdicts}
+    if args.merge and args.results.exists():
+        out = merged(json.loads(args.results.read_text()), out)
     args.results.parent.mkdir(parents=True, exist_ok=True)
     args.results.write_text(json.dumps(out, indent=2) + "\n")
+
+
+def merged(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """``old`` with the shapes and scales of ``new`` replaced by its points (``--merge``)."""
+    runs = old.get("runs")
+    if runs is None:  # a file from one run: its fields were at the top
+        top = {key: old[key] for key in ("command", "commit", "wall_s", "load_average_1min")}
+        runs = [{**top, "client": old["commit"]}]
+        for point in [*old["points"], *old["verdicts"]]:
+            point.setdefault("client", old["commit"])
+    done = {(p["shape"], p["scale"]) for p in new["points"]}
+    return {
+        "runs": [*runs, *new["runs"]],
+        **{
+            key: [p for p in old[key] if (p["shape"], p["scale"]) not in done] + new[key]
+            for key in ("points", "verdicts")
+        },
+    }
 
 
 if __name__ == "__main__":

@@ -124,3 +124,32 @@ def test_a_full_waiting_queue_refuses_a_new_request_with_503(tokenizer_dir: str)
     codes = sorted(r.status_code for r in responses)
     assert codes.count(503) == stats["outcomes"]["queue_full"] >= 1
     assert stats["max_in_flight"] <= 3  # one running, two waiting
+
+
+def test_a_prompt_that_holds_the_long_token_gets_the_long_answers_whenever_it_arrives(
+    tokenizer_dir: str,
+) -> None:
+    """``output_len_long_token``: the answer length belongs to the prompt (the benchmark's
+    ``growing`` job), not to the time its request arrives: a marked prompt sent first gets the
+    long answer, an unmarked one sent after it the short one."""
+    config = loop_engine(
+        tokenizer_dir, max_total_num_tokens=4000, output_len_long_token=7,
+        output_len_long_mean=500.0,
+    )  # fmt: skip
+    marked, plain = [*range(20, 120), 7], list(range(20, 121))
+
+    async def run(url: str) -> list[dict[str, Any]]:
+        async with httpx.AsyncClient(timeout=60) as http:
+            answers = []
+            for ids in (marked, plain):
+                body = {"input_ids": ids, "sampling_params": {"max_new_tokens": 800}}
+                answers.append(dict((await http.post(url + "/generate", json=body)).json()))
+            return answers
+
+    with SimServerThread(config) as sim:
+        long, short = asyncio.run(run(sim.url))
+    # ~500 and ~300 (the body is cut at a whole word, a few tokens short of the mean)
+    assert 450 <= long["meta_info"]["completion_tokens"] <= 500
+    assert 270 <= short["meta_info"]["completion_tokens"] <= 300
+    for answer, ids in ((long, marked), (short, plain)):
+        assert answer["output_ids"] == expected_output(ids, {"max_new_tokens": 800}, config)[0]

@@ -152,6 +152,12 @@ class SimConfig(BaseModel):
     the mean (the spread is ignored), cut at ``max_new_tokens``: the long tail of thinking answers,
     where a few run many times the mean (``docs/throughput.md``, "The benchmark": exponential
     answers)."""
+    output_len_long_token: int | None = Field(default=None, ge=0)
+    output_len_long_mean: float | None = Field(default=None, gt=0.0)
+    """A prompt that holds the token id ``output_len_long_token`` has answers of about
+    ``output_len_long_mean`` instead of ``output_len_mean`` (same spread and shape): a growth
+    that belongs to the work item, whenever its request arrives (``bench_matrix.py``'s
+    ``growing``: the second half of the dataset carries the token)."""
 
     # --- faults, decided per request from a seeded hash -------------------------------------------
     fail_500_rate: Rate = 0.0

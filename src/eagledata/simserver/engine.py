@@ -93,10 +93,12 @@ def generate(
     prompt_len: int = 0,
     degraded: bool | None = None,
     think_state: str = "none",
+    long_answer: bool = False,
 ) -> tuple[list[int], FinishReason]:
     """The deterministic output of one sample; ``max_new`` is already resolved. ``degraded``:
     whether its DP rank is (``config.degraded`` when not given); ``think_state``: how the
-    prompt leaves thinking (``ModelSpec.think_state``)."""
+    prompt leaves thinking (``ModelSpec.think_state``); ``long_answer``: the prompt holds
+    ``output_len_long_token`` (``asks_long_answer``)."""
     index = 0 if spec.greedy else sample_index
     h = answer_hash(digest, spec, config, index, fp8)
     offset = int.from_bytes(h[:4]) % TABLE_SIZE
@@ -114,7 +116,7 @@ def generate(
     else:
         length = lo + (pick >> 20) % (hi - lo + 1)
         if config.output_len_mean is not None:
-            length = _modelled_length(config, prompt_len, pick, lo, hi)
+            length = _modelled_length(config, prompt_len, pick, lo, hi, long_answer)
         stop = stops[(pick >> 8) % len(stops)] if len(stops) > 1 else stops[0]
         ids = _body(model, offset, length - 1, banned, whole_words=True)
         ids.append(stop)
@@ -134,6 +136,7 @@ def generate(
         twin = generate(
             model, digest, spec, max_new, config, fp8=False, sample_index=index,
             prompt_len=prompt_len, degraded=degraded, think_state=think_state,
+            long_answer=long_answer,
         )  # fmt: skip
         if twin[0] == ids and ids:  # fp8 must visibly differ from bf16: nudge the first token
             ids[0] = next(t for t in model.table if t != ids[0] and t not in banned)
@@ -164,10 +167,20 @@ def _thinking(
     return [*lead, *body[:cut], closed, *body[cut:], *stop]
 
 
-def _modelled_length(config: SimConfig, prompt_len: int, pick: int, lo: int, hi: int) -> int:
-    """The answer length of the benchmark workloads (``output_len_mean``): a mean that may grow
-    with the prompt, spread uniformly by +- ``output_len_spread``."""
-    mean = (config.output_len_mean or 0.0) + config.output_len_per_prompt_token * prompt_len
+def asks_long_answer(config: SimConfig, input_ids: list[int]) -> bool:
+    """Does this prompt get ``output_len_long_mean`` (it holds ``output_len_long_token``)?"""
+    token = config.output_len_long_token
+    return token is not None and config.output_len_long_mean is not None and token in input_ids
+
+
+def _modelled_length(
+    config: SimConfig, prompt_len: int, pick: int, lo: int, hi: int, long_answer: bool = False
+) -> int:
+    """The answer length of the benchmark workloads (``output_len_mean``, or
+    ``output_len_long_mean`` for a prompt that asks for it): a mean that may grow with the
+    prompt, spread uniformly by +- ``output_len_spread``."""
+    base = config.output_len_long_mean if long_answer else None
+    mean = (base or config.output_len_mean or 0.0) + config.output_len_per_prompt_token * prompt_len
     u = ((pick >> 20) % 1_000_003) / 1_000_002
     if config.output_len_shape == "exponential":
         length = round(-mean * math.log1p(-min(u, 0.999_999)))
@@ -197,4 +210,5 @@ def expected_output(
         sample_index=sample_index,
         prompt_len=len(input_ids),
         think_state=model.think_state(input_ids),
+        long_answer=asks_long_answer(config, input_ids),
     )

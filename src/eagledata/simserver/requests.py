@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from eagledata.simserver import shapes
-from eagledata.simserver.engine import answer_shape, generate, prompt_digest
+from eagledata.simserver.engine import answer_shape, asks_long_answer, generate, prompt_digest
 from eagledata.simserver.logprobs import (
     LogprobRequest,
     Noise,
@@ -194,7 +194,7 @@ def parse_generate(obj: Any, state: SimState) -> Parsed:
             out, finish = generate(
                 model, digest, spec, max_new, config,
                 fp8=fp8, sample_index=j, prompt_len=len(ids), degraded=degraded,
-                think_state=model.think_state(ids),
+                think_state=model.think_state(ids), long_answer=asks_long_answer(config, ids),
             )  # fmt: skip
             item = Item(rids[len(pairs)], len(ids), out, finish)
             shape = answer_shape(digest, spec, config, j, max_new)
