@@ -651,3 +651,22 @@ def test_stopping_a_server_waits_for_its_whole_process_group() -> None:
     assert child in group_members(process.pid)
     stop_process(process, timeout_s=30)
     assert group_members(process.pid) == []  # the child too, not only the leader
+
+
+def test_a_stop_signal_while_ready_is_printed_still_stops_the_server() -> None:
+    """SIGTERM sent as soon as "ready" is read (a SLURM script, a test) can land while
+    launch-server is still printing: it must stop what it started all the same, not exit and
+    leave the server or router running in its own process group."""
+    import typer
+
+    from eagledata.cli.launch_commands import serve_until_stopped
+
+    process = start_process([sys.executable, "-c", "import time; time.sleep(600)"])
+
+    def announce() -> None:
+        raise KeyboardInterrupt  # what SIGTERM becomes in launch-server
+
+    with pytest.raises(typer.Exit) as stopped:
+        serve_until_stopped(process, lambda: stop_process(process), announce)
+    assert stopped.value.exit_code == 130
+    assert process.poll() is not None and group_members(process.pid) == []

@@ -5,14 +5,18 @@ Ctrl-C or SIGTERM."""
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from eagledata.cli.interrupts import EXIT_INTERRUPTED
 from eagledata.cli.shell import ProfilesDirOpt, auth_headers, fail, guarded
 from eagledata.config import ServerSettings
+
+if TYPE_CHECKING:
+    import subprocess
 
 
 def launch_server(
@@ -149,17 +153,37 @@ def launch_server(
                 node=node,
             )
         )
-    typer.echo(format_facts(result.facts, result.verdict))
-    if not result.verdict.ok:
-        raise typer.Exit(4)
-    typer.echo(f"server ready at {result.base_url}; eagledata generate --server {result.base_url}")
+
+    def announce() -> None:
+        typer.echo(format_facts(result.facts, result.verdict))
+        if not result.verdict.ok:
+            raise typer.Exit(4)
+        typer.echo(
+            f"server ready at {result.base_url}; eagledata generate --server {result.base_url}"
+        )
+
+    serve_until_stopped(result.process, result.stop, announce)
+
+
+def serve_until_stopped(
+    process: subprocess.Popen[bytes],
+    stop: Callable[[], int | None],
+    announce: Callable[[], None],
+) -> None:
+    """Say what is ready, then serve until the process ends or we are stopped. A stop signal
+    at any moment from here on, even while the verdicts print (a SIGTERM sent as soon as
+    "ready" is read), stops what was started before launch-server exits."""
     try:
-        result.process.wait()
+        announce()
+        process.wait()
     except KeyboardInterrupt:
-        result.stop()
+        stop()
         raise typer.Exit(EXIT_INTERRUPTED) from None
-    if result.process.returncode:
-        raise typer.Exit(result.process.returncode)
+    except BaseException:
+        stop()
+        raise
+    if process.returncode:
+        raise typer.Exit(process.returncode)
 
 
 def _stop_on_term() -> None:
@@ -224,16 +248,13 @@ def _launch_router(
                 api_key_env=settings.api_key_env,
             )
         )
-    for worker in result.workers:
-        typer.echo(f"worker {worker.url}: {worker.verdict.summary()}")
-    typer.echo(
-        f"router ready at {result.url} over {len(result.workers)} workers, each checked; "
-        f"eagledata generate --server {result.url}"
-    )
-    try:
-        result.process.wait()
-    except KeyboardInterrupt:
-        result.stop()
-        raise typer.Exit(EXIT_INTERRUPTED) from None
-    if result.process.returncode:
-        raise typer.Exit(result.process.returncode)
+
+    def announce() -> None:
+        for worker in result.workers:
+            typer.echo(f"worker {worker.url}: {worker.verdict.summary()}")
+        typer.echo(
+            f"router ready at {result.url} over {len(result.workers)} workers, each checked; "
+            f"eagledata generate --server {result.url}"
+        )
+
+    serve_until_stopped(result.process, result.stop, announce)
