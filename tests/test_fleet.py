@@ -270,9 +270,14 @@ def test_a_router_port_already_taken_is_one_line_naming_the_fix(
 ) -> None:
     """A port in use would make sglang-router panic with a stack trace; launch-server says
     which port and what to pass instead, before it starts anything."""
-    port = free_port()
     with socket.socket() as holder:
-        holder.bind(("127.0.0.1", port if taken == "router" else port + 1))
+        while True:  # PORT + 1 may be some client's at this moment (free_port says why): next
+            port = free_port()
+            try:
+                holder.bind(("127.0.0.1", port if taken == "router" else port + 1))
+                break
+            except OSError:
+                continue
         holder.listen()
         args = ["launch-server", "--router-port", str(port)]
         for worker in two_workers:
