@@ -642,9 +642,9 @@ time.sleep(600)  # the leader: SIGTERM ends it at once
 
 
 def test_stopping_a_server_waits_for_its_whole_process_group() -> None:
-    """SGLang's schedulers, sglang-router's workers: children that outlive the process we
-    started by a moment, holding the GPU memory or the port the next start needs. Stopping
-    returns only once the whole group is gone."""
+    """SGLang's scheduler and detokenizer processes: children that may outlive the process we
+    started by a moment, holding the GPU memory the next start needs. Stopping returns only
+    once the whole group is gone."""
     process = start_process([sys.executable, "-c", LINGERING_CHILD], stdout=subprocess.PIPE)
     assert process.stdout is not None
     child = int(process.stdout.readline())

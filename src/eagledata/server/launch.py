@@ -152,8 +152,8 @@ def stop_process(process: subprocess.Popen[bytes], *, timeout_s: float = 30.0) -
     """Stop a server we started, its whole process group: SIGTERM, SIGKILL after ``timeout_s``.
 
     Returns once no process of the group is left, not when its first process ends: SGLang's
-    schedulers and sglang-router's workers are children that may outlive the process we started
-    by a moment, holding the GPU memory or the port the next start needs."""
+    scheduler and detokenizer processes are children that may outlive the process we started by
+    a moment, holding the GPU memory the next start needs."""
     pgid = process.pid  # start_process made it the leader of a group of its own
     for sig in (signal.SIGTERM, signal.SIGKILL):
         if process.poll() is not None and not group_members(pgid):
