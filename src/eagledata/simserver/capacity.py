@@ -58,6 +58,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from eagledata.simserver.config import SimConfig
+from eagledata.simserver.streaming import until_generated, wake_waiter
 
 Finish = Callable[[Any, SimConfig], None]
 """Called with an item whose last token was decoded, once the step that decoded it is over."""
@@ -306,21 +307,11 @@ class CapacityEngine:
         budget = sum(item.max_new for item in order)
         rank.ratio = min(1.0, (decoded + steps * len(order)) / (budget + 1))
 
-    @staticmethod
-    def _wake_waiter(item: Any, force: bool = False) -> None:
-        waiter = item.waiter
-        if waiter is not None and (force or item.generated >= waiter[0]):
-            item.waiter = None
-            if not waiter[1].done():
-                waiter[1].set_result(None)
+    _wake_waiter = staticmethod(wake_waiter)
 
     async def until_generated(self, item: Any, mark: int) -> None:
         """Streaming: wait until ``mark`` tokens of ``item`` are decoded (or it ends)."""
-        if item.generated >= mark or item.state not in (QUEUED_STATE, RUNNING_STATE):
-            return
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        item.waiter = (mark, fut)
-        await fut
+        await until_generated(item, mark)
 
     # --- what the server reports ---------------------------------------------------------------
 

@@ -59,12 +59,12 @@ from typing import Any
 from eagledata.simserver.config import SimConfig
 from eagledata.simserver.loop_batches import LoopBatches
 from eagledata.simserver.loop_rank import (
-    QUEUED_STATE,
     RUNNING_STATE,
     Finish,
     LoopRank,
     ratio_bounds,
 )
+from eagledata.simserver.streaming import until_generated, wake_waiter
 
 
 class LoopEngine(LoopBatches):
@@ -186,20 +186,11 @@ class LoopEngine(LoopBatches):
 
     # --- streaming ----------------------------------------------------------------------------
 
-    @staticmethod
-    def _wake_waiter(item: Any, force: bool = False) -> None:
-        waiter = item.waiter
-        if waiter is not None and (force or item.generated >= waiter[0]):
-            item.waiter = None
-            if not waiter[1].done():
-                waiter[1].set_result(None)
+    _wake_waiter = staticmethod(wake_waiter)
 
     async def until_generated(self, item: Any, mark: int) -> None:
-        if item.generated >= mark or item.state not in (QUEUED_STATE, RUNNING_STATE):
-            return
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        item.waiter = (mark, fut)
-        await fut
+        """Streaming: wait until ``mark`` tokens of ``item`` are decoded (or it ends)."""
+        await until_generated(item, mark)
 
     # --- what the server reports ---------------------------------------------------------------
 
