@@ -46,6 +46,9 @@ The gate, per lane (one DP rank of one server, or a router's workers together):
   taken off it, and the load our requests do not explain is the sample's, not the sample's
   less what is in flight now (which would count every answer that ended since as a stranger's).
 * No signal at all: the planner's number (``fallback_concurrency``), in-flight requests only.
+* Across lanes, once the dataset has no more to send: a request does not start on a lane where
+  it would end after the job's end on the faster ones (``capacity/drain.py``, applied by the
+  gate, ``run/load_gate.py``).
 
 In steady state this converges near ``W* = u* C / E_held`` running requests, where ``E_held =
 E[P L + L^2 / 2] / E[L]`` is the time-weighted KV of one request: the planner's estimate of the

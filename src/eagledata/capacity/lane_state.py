@@ -7,11 +7,13 @@ this state are ``controller.py`` (``Lane``).
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import InitVar, dataclass, field
 
 import numpy as np
 
 from eagledata.capacity.controller_settings import ControllerSettings
+from eagledata.capacity.drain import LaneSpeed
 from eagledata.capacity.forecast import Floats
 from eagledata.capacity.lengths import SurvivalCurve
 from eagledata.capacity.usage_target import UsageTarget
@@ -99,6 +101,8 @@ class LaneState:
     """KV the last sample showed that our requests did not account for, then."""
     lifetime_s: float | None = None
     """How long one of our requests lives here, sent to answered (a moving mean)."""
+    answered_at: deque[float] = field(default_factory=lambda: deque(maxlen=32))
+    """When the last of the run's answers here came back: the pace room opens on the lane."""
     held_by: dict[str, int] = field(default_factory=dict)
     """Requests held back since the last telemetry line, by the rule that held them."""
     last_hold: str | None = None
@@ -194,12 +198,21 @@ class LaneState:
         ):
             self.freed_since_sample += held
         if data:
+            self.answered_at.append(now)
             life = now - ticket.sent_at
             if life > 0:
                 self.lifetime_s = (
                     life if self.lifetime_s is None else (0.9 * self.lifetime_s + 0.1 * life)
                 )
                 self.target.pace_by(self.lifetime_s)
+
+    def speed(self) -> LaneSpeed | None:
+        """How long the run's requests live here and how many end a second (None until eight
+        have ended): what the job's tail is shared out by (``capacity/drain.py``)."""
+        ends = self.answered_at
+        if self.lifetime_s is None or len(ends) < 8 or ends[-1] <= ends[0]:
+            return None
+        return LaneSpeed(life_s=self.lifetime_s, rate=(len(ends) - 1) / (ends[-1] - ends[0]))
 
     def learn_rate(self, completion_tokens: int, seconds: float) -> None:
         """A finished request's tokens over its time (queue wait included: an underestimate,

@@ -11,6 +11,7 @@ import asyncio
 import time
 
 from eagledata.capacity.controller import Lane
+from eagledata.capacity.drain import lanes_to_skip
 from eagledata.capacity.forecast import new_draws
 from eagledata.capacity.lane_state import Ticket
 from eagledata.run.load_lanes import LaneSet, Waiter
@@ -85,11 +86,27 @@ class LoadGate(LaneSet):
         for _, ticket in tickets:
             ticket.lengths = self.lengths.curve(ticket.prompt_tokens)
 
+    def _too_slow_for_the_tail(self) -> set[Lane]:
+        """The lanes a run request may not start on now: once the last requests wait here,
+        those where it would end after the job's end on the others (``capacity/drain.py``).
+        Empty while the dataset has more to send, and on lanes of one speed."""
+        to_come = self.still_to_come()
+        if to_come is None:
+            return set()
+        healthy = [lane for url, on in self.lanes.items() if self._healthy(url) for lane in on]
+        if len(healthy) < 2:
+            return set()
+        # Every waiter counted, the canary's few too: a tail counted long only lets more start.
+        remaining = len(self._waiters) + to_come
+        skips = lanes_to_skip([lane.speed() for lane in healthy], remaining)
+        return {lane for lane, skip in zip(healthy, skips, strict=True) if skip}
+
     def _dispatch(self) -> None:
         now = time.monotonic()
         self._refresh_curves(now)
         if self._prompt_count != self._queue_targets_at:
             self._queue_targets()  # q* from the first prompts on, not from the first poll
+        too_slow = self._too_slow_for_the_tail()
         while self._waiters:
             waiter = self._waiters[0]
             if waiter.fut.done():
@@ -109,6 +126,9 @@ class LoadGate(LaneSet):
                 for lane in lanes:
                     if waiter.lane is not None and lane is not waiter.lane:
                         continue
+                    if waiter.lane is None and lane in too_slow:
+                        lane.held_by["tail"] = lane.held_by.get("tail", 0) + 1
+                        continue
                     candidate = Ticket(lane, prompt, projected, now, lengths, draws=waiter.draws)
                     room = lane.room(candidate, now)
                     if room is not None and (best is None or room > best[0]):
@@ -122,6 +142,8 @@ class LoadGate(LaneSet):
             ticket.lane.tickets[ticket] = None
             self._waiters.popleft()
             waiter.fut.set_result(ticket)
+            if too_slow or self.still_to_come() is not None:
+                too_slow = self._too_slow_for_the_tail()  # one fewer to share out
 
     def _held_by_queue(self, waiter: Waiter) -> bool:
         """Did a queue rule (not the KV forecast) hold this waiter on every lane it may use?"""

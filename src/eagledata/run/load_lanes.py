@@ -109,6 +109,9 @@ class LaneSet:
         self._prompt_sum = 0
         self._prompt_count = 0
         self._queue_targets_at = 0
+        self.still_to_come: Callable[[], int | None] = lambda: None
+        """The run's requests not yet waiting at the gate, once the dataset has no more (None
+        before): the session's scheduler's ``unstarted``."""
         self.latest: dict[str, TelemetryLine] = {}
         """The last telemetry entry per lane key, for the progress bar."""
 

@@ -45,6 +45,9 @@ class Scheduler(Generic[T]):
         self.stats = SchedulerStats()
         self._queue: asyncio.Queue[T | None] = asyncio.Queue(queue_size or 2 * concurrency)
         self._stopping = False
+        self._source_done = False
+        self._unstarted = 0
+        """Items in the queue, not yet taken by a worker."""
         self.stopped = asyncio.Event()
         """Set by ``stop()``: what a handler waits on to cut its own waits short."""
 
@@ -52,12 +55,19 @@ class Scheduler(Generic[T]):
     def stopping(self) -> bool:
         return self._stopping
 
+    def unstarted(self) -> int | None:
+        """Items the source has yielded that no worker has taken yet, once the source has
+        yielded its last (None before: more may come). ``--concurrency auto`` shares out the
+        job's tail by it (``capacity/drain.py``)."""
+        return self._unstarted if self._source_done else None
+
     def stop(self) -> None:
         """Take no new work; items already being handled finish. Queued items stay undone."""
         self._stopping = True
         self.stopped.set()
         while not self._queue.empty():
             self._queue.get_nowait()
+        self._unstarted = 0
         for _ in range(self.concurrency):
             try:
                 self._queue.put_nowait(None)
@@ -65,6 +75,7 @@ class Scheduler(Generic[T]):
                 break
 
     async def run(self, source: AsyncIterator[T], handle: Callable[[T], Awaitable[None]]) -> None:
+        self._source_done = False  # a pass of its own (the results given back, run again)
         async with asyncio.TaskGroup() as group:
             group.create_task(self._produce(source))
             for _ in range(self.concurrency):
@@ -75,6 +86,8 @@ class Scheduler(Generic[T]):
             if self._stopping:
                 return
             await self._queue.put(item)
+            self._unstarted += 1
+        self._source_done = True
         # Only on a clean end: after an error or a cancel the workers are being cancelled too,
         # and a put into a full queue nobody reads would hang the task group for ever.
         if not self._stopping:
@@ -86,6 +99,7 @@ class Scheduler(Generic[T]):
             item = await self._queue.get()
             if item is None:
                 return
+            self._unstarted = max(0, self._unstarted - 1)
             self.stats.in_flight += 1
             try:
                 await handle(item)

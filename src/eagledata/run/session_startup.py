@@ -140,6 +140,7 @@ class SessionStartup(SessionItems):
             parts.bar,
             parts.files.totals.output_lengths,
         )
+        parts.load.still_to_come = parts.scheduler.unstarted
         # Every generation passes one gate (server/budget.py), the canary's too: a fixed
         # --concurrency N bounds all we have in flight on a server; under auto the controller
         # counts the canary's requests like the run's.
