@@ -14,7 +14,7 @@ from conftest import SAMPLES, make_config, read_failures, read_records, sim_conf
 from eagledata.capacity.controller import Lane, fallback_concurrency
 from eagledata.capacity.controller_settings import ControllerSettings
 from eagledata.capacity.lane_state import LaneSample, Ticket
-from eagledata.capacity.lengths import LengthModel, kaplan_meier
+from eagledata.capacity.lengths import RECENT, LengthModel, kaplan_meier
 from eagledata.config import LoadSettings
 from eagledata.run import pipeline, session_startup
 from eagledata.run.load_lanes import ServerPlan
@@ -89,13 +89,37 @@ def test_the_survival_curve_counts_the_requests_still_running() -> None:
 def test_seeded_lengths_stand_for_every_bucket_until_it_has_its_own() -> None:
     model = LengthModel(prior=8192, quantile=0.9, min_samples=8, window=512, cap=8192)
     assert model.curve(3000) is None and model.estimate(3000) == 8192
-    # The newest 512, oldest first: the older long answers fall out of the window.
-    assert model.seed([5000] * 100 + list(range(1000, 3048, 4))) == 512
+    # The newest 512, oldest first: the older long answers fall out of the window (a ramp
+    # four times over: the latest of it are no longer than the rest).
+    assert model.seed([5000] * 100 + list(range(1000, 3048, 16)) * 4) == 512
     assert model.curve(3000) is not None
     assert model.estimate(3000) == 2840 and model.estimate(100) == 2840
     for _ in range(8):
         model.add(100, 300)  # short prompts' own answers
     assert model.estimate(100) == 300 and model.estimate(3000) == 2840
+
+
+def test_answers_that_grow_are_followed_within_the_latest_and_a_shrink_over_the_window() -> None:
+    """Answers of 400 tokens, then of 800: the projection follows the growth once the long ones
+    weigh in the latest ``RECENT`` answers, though they are under a tenth of the window (a long
+    answer projected short is a retraction); a shrink only as the window turns over (a short
+    one projected long is room left for a while)."""
+    model = LengthModel(prior=1024, quantile=0.9, min_samples=16, window=512, cap=1024)
+    for _ in range(512):
+        model.add(100, 400)
+    for _ in range(40):
+        model.add(100, 800)
+    assert model.estimate(100) == 800  # the window alone: 400 (40 long answers of 512)
+    for _ in range(RECENT):
+        model.add(100, 400)
+    assert model.estimate(100) == 400  # the latest short again: the window's own
+
+    shrinking = LengthModel(prior=1024, quantile=0.9, min_samples=16, window=512, cap=1024)
+    for _ in range(512):
+        shrinking.add(100, 800)
+    for _ in range(RECENT):
+        shrinking.add(100, 400)
+    assert shrinking.estimate(100) == 800  # three quarters of the window still long
 
 
 def test_the_length_model_hands_out_curves_with_the_running_requests() -> None:

@@ -12,10 +12,14 @@ answers end, the curve keeps their mass alive, up to ``max_new_tokens``.
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+
+RECENT = 128
+"""The latest answers that stand alone for a bucket when they are longer than its window's."""
 
 BUCKET_EDGES = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 """Prompt-length buckets (tokens): long prompts often ask for long answers."""
@@ -133,14 +137,27 @@ class LengthModel:
         self._curves.clear()
 
     def _source(self, prompt_tokens: int) -> tuple[int | None, Sequence[int]] | None:
-        """The answers that stand for this prompt's: its bucket's, else all, else None."""
+        """The answers that stand for this prompt's: its bucket's, else all, else None; of
+        those, the latest ``RECENT`` alone when their percentile is the higher (``_latest``)."""
         key = bucket_of(prompt_tokens)
         bucket = self._buckets.get(key)
         if bucket is not None and len(bucket) >= self.min_samples:
-            return key, bucket
+            return key, self._latest(bucket)
         if len(self._all) >= self.min_samples:
-            return None, self._all
+            return None, self._latest(self._all)
         return None
+
+    def _latest(self, answers: deque[int]) -> Sequence[int]:
+        """Answers that grow are followed within ``RECENT`` answers, not within the window: the
+        latest alone stand for what runs now when their percentile is above the window's (an
+        answer longer than projected is a retraction; one shorter, room left for a while). So
+        the model follows a growth at once and a shrinking over the window."""
+        if len(answers) < 2 * RECENT:
+            return answers
+        latest = list(itertools.islice(answers, len(answers) - RECENT, None))
+        if _percentile(latest, self.quantile) > _percentile(answers, self.quantile):
+            return latest
+        return answers
 
     def estimate(self, prompt_tokens: int) -> int:
         """The ``quantile`` of the answers that ended (the projection ``P + L90``)."""
