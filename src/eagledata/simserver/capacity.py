@@ -58,13 +58,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from eagledata.simserver.config import SimConfig
-from eagledata.simserver.streaming import until_generated, wake_waiter
+from eagledata.simserver.streaming import (
+    QUEUED_STATE,
+    RUNNING_STATE,
+    until_generated,
+    wake_waiter,
+)
 
 Finish = Callable[[Any, SimConfig], None]
 """Called with an item whose last token was decoded, once the step that decoded it is over."""
-
-RUNNING_STATE = 1  # scheduler.RUNNING (not imported: scheduler imports this module)
-QUEUED_STATE = 0
 
 
 def ratio_bounds(config: SimConfig) -> tuple[float, float, float]:

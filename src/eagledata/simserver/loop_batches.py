@@ -11,7 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from eagledata.simserver.config import SimConfig
-from eagledata.simserver.loop_rank import QUEUED_STATE, RUNNING_STATE, LoopRank, ratio_bounds
+from eagledata.simserver.loop_rank import LoopRank, ratio_bounds
+from eagledata.simserver.streaming import QUEUED_STATE, RUNNING_STATE
 
 
 def _cached_part(item: Any) -> int:

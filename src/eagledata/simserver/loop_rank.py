@@ -1,7 +1,7 @@
 """One DP rank of the second SGLang scheduler model (``sglang_loop.py``): its scheduler's state
 (``LoopRank``: the waiting queue, the running batch, the pool it holds, its statistics), the
-bounds of ``new_token_ratio``, and the request states and the queue-full message it shares
-with ``scheduler.py``.
+bounds of ``new_token_ratio``, and the queue-full message it shares with ``scheduler.py`` (the
+request states are ``streaming.py``'s).
 """
 
 from __future__ import annotations
@@ -14,12 +14,6 @@ from typing import Any
 from eagledata.simserver.config import SimConfig
 
 Finish = Callable[[Any, SimConfig], None]
-
-
-RUNNING_STATE = 1  # scheduler.RUNNING (not imported: scheduler imports this module)
-
-
-QUEUED_STATE = 0
 
 
 QUEUE_FULL = "The request queue is full."

@@ -58,13 +58,8 @@ from typing import Any
 
 from eagledata.simserver.config import SimConfig
 from eagledata.simserver.loop_batches import LoopBatches
-from eagledata.simserver.loop_rank import (
-    RUNNING_STATE,
-    Finish,
-    LoopRank,
-    ratio_bounds,
-)
-from eagledata.simserver.streaming import until_generated, wake_waiter
+from eagledata.simserver.loop_rank import Finish, LoopRank, ratio_bounds
+from eagledata.simserver.streaming import RUNNING_STATE, until_generated, wake_waiter
 
 
 class LoopEngine(LoopBatches):

@@ -1,5 +1,6 @@
-"""Streaming for both scheduler models: a request handler waits until its answer has ``mark``
-tokens decoded (or it ends), and the engine wakes it as tokens are decoded."""
+"""Streaming for both scheduler models, and the request states they share: a request handler
+waits until its answer has ``mark`` tokens decoded (or it ends), and the engine wakes it as
+tokens are decoded."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ import asyncio
 from typing import Any
 
 QUEUED_STATE = 0
-RUNNING_STATE = 1  # scheduler.RUNNING (not imported: scheduler imports the engines)
+RUNNING_STATE = 1
+"""A request's states as ``scheduler.py`` numbers them (``QUEUED``, ``RUNNING``), for the two
+engines: not imported from there, since the scheduler imports the engines."""
 
 
 def wake_waiter(item: Any, force: bool = False) -> None:
