@@ -106,12 +106,15 @@ class LengthModel:
         self._cache: dict[int, int] = {}
         self._running: dict[int | None, list[int]] = {None: []}
         self._curves: dict[int | None, SurvivalCurve] = {}
+        self._sources: dict[int, tuple[int | None, Sequence[int]] | None] = {}
+        """``_source`` per prompt bucket, until the next answer (it sorts the window twice)."""
 
     def add(self, prompt_tokens: int, completion_tokens: int) -> None:
         bucket = self._buckets.setdefault(bucket_of(prompt_tokens), deque(maxlen=self._window))
         bucket.append(completion_tokens)
         self._all.append(completion_tokens)
         self._cache.clear()
+        self._sources.clear()
         self._curves.clear()
 
     def seed(self, completion_tokens: Sequence[int]) -> int:
@@ -122,6 +125,7 @@ class LengthModel:
         taken = completion_tokens[-self._window :]
         self._all.extend(taken)
         self._cache.clear()
+        self._sources.clear()
         self._curves.clear()
         return len(taken)
 
@@ -140,12 +144,16 @@ class LengthModel:
         """The answers that stand for this prompt's: its bucket's, else all, else None; of
         those, the latest ``RECENT`` alone when their percentile is the higher (``_latest``)."""
         key = bucket_of(prompt_tokens)
+        if key in self._sources:
+            return self._sources[key]
         bucket = self._buckets.get(key)
+        source: tuple[int | None, Sequence[int]] | None = None
         if bucket is not None and len(bucket) >= self.min_samples:
-            return key, self._latest(bucket)
-        if len(self._all) >= self.min_samples:
-            return None, self._latest(self._all)
-        return None
+            source = key, self._latest(bucket)
+        elif len(self._all) >= self.min_samples:
+            source = None, self._latest(self._all)
+        self._sources[key] = source
+        return source
 
     def _latest(self, answers: deque[int]) -> Sequence[int]:
         """Answers that grow are followed within ``RECENT`` answers, not within the window: the

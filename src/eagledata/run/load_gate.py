@@ -142,8 +142,7 @@ class LoadGate(LaneSet):
             ticket.lane.tickets[ticket] = None
             self._waiters.popleft()
             waiter.fut.set_result(ticket)
-            if too_slow or self.still_to_come() is not None:
-                too_slow = self._too_slow_for_the_tail()  # one fewer to share out
+            too_slow = self._too_slow_for_the_tail()  # in the tail: one fewer to share out
 
     def _held_by_queue(self, waiter: Waiter) -> bool:
         """Did a queue rule (not the KV forecast) hold this waiter on every lane it may use?"""
