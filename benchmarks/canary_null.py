@@ -60,6 +60,16 @@ def _settings(args: argparse.Namespace) -> CanarySettings:
     return settings.model_copy(update={k: v for k, v in runs.items() if v is not None})
 
 
+def _prompt_tokens(args: argparse.Namespace) -> int:
+    """The references' prompt length: the tests' 40 for their small canary, else 200."""
+    return 40 if args.references is None else 200
+
+
+def _why_refused(error: BaselineChangedError) -> str:
+    """What the self-check saw, from its one-line refusal."""
+    return str(error).split(" measured (", 1)[1]
+
+
 def _record(
     tokenizer: str, settings: CanarySettings, prompt_tokens: int, degrade_at: int | None
 ) -> tuple[str | None, float]:
@@ -83,7 +93,7 @@ def _record(
                         ledger=None,
                     )
                 except BaselineChangedError as error:
-                    return str(error).split(" measured (", 1)[1]
+                    return _why_refused(error)
                 return None
 
         refused = asyncio.run(record())
@@ -93,7 +103,7 @@ def _record(
 def self_check_main(args: argparse.Namespace) -> None:
     tokenizer = resolve_bundled("bundled:tokenizer/tiny-chatml")
     settings = _settings(args)
-    prompt_tokens = 40 if args.references is None else 200  # as main() records them
+    prompt_tokens = _prompt_tokens(args)
     size = f"{settings.prompts} x {settings.reference_tokens}"
     runs = settings.baseline_idle_runs + settings.baseline_load_runs
     why: Counter[str] = Counter()
@@ -140,7 +150,7 @@ def self_check_main(args: argparse.Namespace) -> None:
 def main(args: argparse.Namespace) -> None:
     tokenizer = resolve_bundled("bundled:tokenizer/tiny-chatml")
     settings = _settings(args)
-    prompt_tokens = 40 if args.references is None else 200
+    prompt_tokens = _prompt_tokens(args)
     which: Counter[str] = Counter()
     total = checked = refused = 0
     for trial in range(args.baselines):
@@ -161,7 +171,7 @@ def main(args: argparse.Namespace) -> None:
                 baseline = asyncio.run(record(sim.url))
             except BaselineChangedError as error:  # a healthy server refused: a false alarm too
                 refused += 1
-                print(f"baseline {trial}: refused ({str(error).split(' measured (', 1)[1]}")
+                print(f"baseline {trial}: refused ({_why_refused(error)}")
                 continue
         rng = np.random.default_rng(trial)
         limits = baseline.thresholds
