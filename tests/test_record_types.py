@@ -23,7 +23,7 @@ from conftest import SAMPLES, make_config, read_records, sim_config
 from eagledata.export import ExportOptions, export_runs
 from eagledata.quality.flags import FlagDetector
 from eagledata.run import pipeline
-from eagledata.run.records import make_record, record_of
+from eagledata.run.records import ExaminedAnswer, make_record, record_of
 from eagledata.run.writer import ShardWriter
 from eagledata.rundir.lines import FLAG_NAMES, RecordLine
 from eagledata.rundir.manifest import RunDir
@@ -102,7 +102,7 @@ class Maker:
             input_ids=input_ids, output_ids=output_ids, finish_reason=finish, matched=matched
         )
         reasoning = self.answers.reasoning_tokens(input_ids, output_ids, finish, matched)
-        return record_of(item, result, flags, reasoning)
+        return record_of(ExaminedAnswer(item, result, flags, reasoning))
 
 
 @pytest.mark.parametrize("first", ["stop_string", "cut"])

@@ -21,11 +21,13 @@ from eagledata.errors import ItemError, RetryableItemError, ServerUnavailableErr
 from eagledata.run.holding import HoldAndRelease
 from eagledata.run.loadcontrol import LoadController
 from eagledata.run.progress import Progress
+from eagledata.run.records import ExaminedAnswer
 from eagledata.run.scheduler import RetryPolicy
 from eagledata.run.writer import FailureLog
 from eagledata.rundir.records import failure_line
 from eagledata.server.answers import QueueFullError, ServerDownError
 from eagledata.server.client import SGLangClient, new_rid
+from eagledata.server.responses import GenerateResult
 from eagledata.source.workitem import WorkItem
 from eagledata.tasks import unless_set
 
@@ -38,13 +40,14 @@ class ItemSender:
         self,
         *,
         client: SGLangClient,
-        guard: HoldAndRelease[tuple[WorkItem, Any]],
+        guard: HoldAndRelease[ExaminedAnswer],
         failures: FailureLog,
         progress: Progress,
         policy: RetryPolicy,
         sampling_params: dict[str, Any],
         down_deadline_s: float,
         on_failure: Callable[[WorkItem], None],
+        examine: Callable[[WorkItem, GenerateResult], ExaminedAnswer],
         load: LoadController | None = None,
         stopped: asyncio.Event | None = None,
     ) -> None:
@@ -57,6 +60,8 @@ class ItemSender:
         self.down_deadline_s = down_deadline_s
         self.on_failure = on_failure
         """Called with each item that ended in the failure file."""
+        self.examine = examine
+        """What the answer's record says of it, read in a worker thread as it arrives."""
         self.load = load
         """Under ``--concurrency auto``: the gate each attempt passes, and where it goes."""
         self.stopped = stopped if stopped is not None else asyncio.Event()
@@ -157,7 +162,10 @@ class ItemSender:
                 return
             if result is None:
                 return  # stopped before it was sent
-            self.guard.hold((item, result), result.server, result.completed_at)
+            # Read here, one answer at a time and off the event loop, not when a check releases
+            # hundreds at once: the gate must see the next answer end while this one is read.
+            answer = await asyncio.to_thread(self.examine, item, result)
+            self.guard.hold(answer, result.server, result.completed_at)
             return
 
     async def _server_at_fault(

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import TypeVar
 
 from eagledata.rundir.lines import NONE_VALUES, RecordFlags, RecordLine
@@ -12,6 +13,20 @@ from eagledata.source.prompts import Message
 from eagledata.source.workitem import WorkItem
 
 _T = TypeVar("_T")
+
+
+@dataclass(frozen=True, slots=True)
+class ExaminedAnswer:
+    """An answer as the checks hold it: the work item, the server's result, and what its record
+    will say of it (flags, reasoning tokens), read when it arrived. Reading an answer decodes
+    and re-encodes it (the round-trip flag): done at release, the up to ``guard_max_held``
+    answers one check releases were read in one burst on the event loop, and the client sent
+    nothing for that long while the server's answers kept ending."""
+
+    item: WorkItem
+    result: GenerateResult
+    flags: list[str]
+    reasoning_tokens: int | None
 
 
 def completion_time(result: GenerateResult) -> float:
@@ -78,13 +93,9 @@ def _or_none(value: _T | None, field: str) -> _T:
     return NONE_VALUES[field] if value is None else value  # type: ignore[return-value]
 
 
-def record_of(
-    item: WorkItem,
-    result: GenerateResult,
-    flags: list[str],
-    reasoning_tokens: int | None,
-) -> RecordLine:
+def record_of(answer: ExaminedAnswer) -> RecordLine:
     """The record of a work item's answer: where it sits in its conversation, and its key."""
+    item = answer.item
     return make_record(
         item_id=item.item_id,
         dataset=item.dataset,
@@ -92,12 +103,12 @@ def record_of(
         sample=item.sample,
         messages=item.messages,
         input_ids=item.input_ids,
-        result=result,
-        flags=flags,
+        result=answer.result,
+        flags=answer.flags,
         conversation_id=item.conversation_id,
         turn=item.turn,
         conversation_turns=item.conversation_turns,
-        reasoning_tokens=reasoning_tokens,
+        reasoning_tokens=answer.reasoning_tokens,
         # a plan computes the key of every prompt; "" (the field's none) only for an item
         # built without one
         prompt_key=item.prompt_key or "",

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 
 from eagledata.run.attempts import ItemSender
-from eagledata.run.records import record_of
+from eagledata.run.records import ExaminedAnswer, record_of
 from eagledata.run.session_base import RunBase
 from eagledata.run.session_state import SessionParts
 from eagledata.run.signals import (
@@ -94,11 +94,14 @@ class SessionItems(RunBase):
             on_failure=self._count_failure,
             load=parts.controller,
             stopped=parts.scheduler.stopped,
+            examine=lambda item, result: self._examine(parts, item, result),
         )
 
-    def _release(self, parts: SessionParts, payload: tuple[WorkItem, GenerateResult]) -> None:
-        """A result every check vouched for: flag it, write it, count it."""
-        item, result = payload
+    def _examine(
+        self, parts: SessionParts, item: WorkItem, result: GenerateResult
+    ) -> ExaminedAnswer:
+        """What an answer's record says of it, read as it arrives (in a worker thread: it
+        decodes and re-encodes the answer)."""
         # results exist only when the plan had work
         assert parts.flagger is not None and self.turns is not None
         flags = parts.flagger.flags(
@@ -110,7 +113,13 @@ class SessionItems(RunBase):
         reasoning = self.turns.answers.reasoning_tokens(
             item.input_ids, result.output_ids, result.finish_reason, result.matched
         )
-        parts.files.writer.write(record_of(item, result, flags, reasoning))
+        return ExaminedAnswer(item, result, flags, reasoning)
+
+    def _release(self, parts: SessionParts, answer: ExaminedAnswer) -> None:
+        """A result every check vouched for: write it, count it."""
+        assert self.turns is not None
+        item, result = answer.item, answer.result
+        parts.files.writer.write(record_of(answer))
         # committed: the conversation's next turn may be built on it now
         self.turns.committed(item, result)
         self.counts.records += 1

@@ -113,7 +113,7 @@ class SessionStartup(SessionItems):
             max_held=config.server.guard_max_held,
             max_hold_s=config.server.guard_max_hold_s,
             release=lambda payload: self._release(parts, payload),
-            requeue=lambda payload: self._give_back(parts, payload[0]),
+            requeue=lambda answer: self._give_back(parts, answer.item),
         )
         parts.limit = await first_contact(
             client, kv_guard, config, self.run_dir, self.frozen.expected_model

@@ -9,6 +9,7 @@ from eagledata.quality.flags import FlagDetector
 from eagledata.run.holding import HoldAndRelease
 from eagledata.run.loadcontrol import LoadController
 from eagledata.run.progress import Progress
+from eagledata.run.records import ExaminedAnswer
 from eagledata.run.scheduler import Scheduler
 from eagledata.run.writer import FailureLog, ShardWriter
 from eagledata.rundir.journal import Journal
@@ -16,7 +17,6 @@ from eagledata.rundir.telemetry import TelemetryLog
 from eagledata.rundir.totals import RunTotals
 from eagledata.server.client import SGLangClient
 from eagledata.server.guard import KVGuard
-from eagledata.server.responses import GenerateResult
 from eagledata.source.tokenization import LengthLimit, PromptTokenizer
 from eagledata.source.workitem import WorkItem
 from eagledata.source.workplan import WorkPlan
@@ -52,7 +52,7 @@ class SessionParts:
     scheduler: Scheduler[WorkItem]
     flagger: FlagDetector | None
     tokenizer: PromptTokenizer | None
-    guard: HoldAndRelease[tuple[WorkItem, GenerateResult]] | None = None
+    guard: HoldAndRelease[ExaminedAnswer] | None = None
     limit: LengthLimit = field(default_factory=lambda: LengthLimit(None, "none"))
     progress: Progress | None = None
     load: LoadController | None = None
@@ -63,7 +63,7 @@ class SessionParts:
     """Results the holder gave back: their server went down before a check vouched for them."""
 
     @property
-    def holder(self) -> HoldAndRelease[tuple[WorkItem, GenerateResult]]:
+    def holder(self) -> HoldAndRelease[ExaminedAnswer]:
         assert self.guard is not None, "set when the servers are contacted"
         return self.guard
 
