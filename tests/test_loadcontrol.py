@@ -7,12 +7,14 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import orjson
 import pytest
 
 from conftest import SAMPLES, make_config, read_failures, read_records, sim_config, until
 from eagledata.capacity.controller import Lane, fallback_concurrency
 from eagledata.capacity.controller_settings import ControllerSettings
+from eagledata.capacity.forecast import Flight, peak_quantile
 from eagledata.capacity.lane_state import LaneSample, Ticket
 from eagledata.capacity.lengths import RECENT, LengthModel, kaplan_meier
 from eagledata.config import LoadSettings
@@ -132,6 +134,33 @@ def test_the_length_model_hands_out_curves_with_the_running_requests() -> None:
     assert model.curve(100).at(300) == pytest.approx(0.5)  # type: ignore[union-attr]
 
 
+def test_the_first_answers_give_a_curve_that_keeps_the_prior_where_they_say_nothing() -> None:
+    """Two answers of a job whose first ten requests all started together: the forecast has a
+    curve at once (before, the prior ``max_new_tokens`` stood alone until ``min_samples``
+    answers, and held the reference job's pool at about half full), but the mass they do not
+    settle still runs to ``max_new_tokens``; the projection and the creep wait for
+    ``min_samples``."""
+    model = LengthModel(prior=8192, min_samples=8, cap=8192)
+    model.add(3000, 1500)
+    assert model.curve(3000) is None and not model.learned  # one answer: the prior alone
+    model.add(3000, 1600)
+    model.set_running([(3000, 1700)] * 8)
+    curve = model.curve(3000)
+    assert curve is not None and not model.learned
+    assert model.estimate(3000) == 8192
+    assert curve.at(1550) == pytest.approx(0.9)  # one of the ten at risk at 1,500 ended there
+    # The eight still running are past every answer seen: nothing but the cap bounds them.
+    assert curve.alive(1700, 6000) == pytest.approx(1.0)
+    assert curve.alive(1700, 8192 - 1700) == 0.0
+    peak = peak_quantile(
+        [Flight(held=4700, age=1700, end=8192, curve=curve, draws=np.full(256, 0.5))] * 8, 0.9
+    )
+    assert peak == pytest.approx(8 * (3000 + 8192))
+    for _ in range(6):
+        model.add(3000, 1700)
+    assert model.learned
+
+
 def test_the_gate_fills_the_pool_to_its_target_and_no_further() -> None:
     gate = lane(usage_target=0.9)
     lengths = kaplan_meier(list(range(80, 121)), [], cap=4096)  # answers of 80-120 tokens
@@ -211,11 +240,15 @@ def test_the_creep_stops_below_the_target_that_retracted_until_the_ceiling_lifts
     assert gate.target.ceiling == pytest.approx(0.88) and gate.target.value == pytest.approx(0.83)
 
 
-def test_the_early_answers_do_not_raise_the_target() -> None:
+@pytest.mark.parametrize("answers", [0, 2])
+def test_the_early_answers_do_not_raise_the_target(answers: int) -> None:
     # Before any answer ends, the prior holds requests back: that is no reason to raise u*.
+    # Nor after two: their curve carries the prior's mass (``CURVE_MIN_ANSWERS``).
     gate = lane(usage_target=0.85)
+    gate.lengths_learned = False
+    lengths = kaplan_meier([3000, 3100], [3200] * 4, cap=4000) if answers else None
     for step in range(30):
-        ticket = Ticket(gate, 200, 4000, float(step))  # no learned lengths yet
+        ticket = Ticket(gate, 200, 4000, float(step), lengths)
         if gate.room(ticket, float(step)) is not None:
             gate.tickets[ticket] = None
         gate.observe(

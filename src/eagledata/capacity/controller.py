@@ -248,11 +248,11 @@ class Lane(LaneState):
             and present > self.target.value * (self.pool_tokens or 0)
             and (self.in_flight > 0)
         ):
-            self.target.held_back |= candidate.lengths is not None
+            self.target.held_back |= self.lengths_learned and candidate.lengths is not None
             return "present"
         left = budget - self.peak(now, candidate)
         if left < 0 and self.in_flight > 0:
-            self.target.held_back |= candidate.lengths is not None
+            self.target.held_back |= self.lengths_learned and candidate.lengths is not None
             return "forecast"
         return max(0.0, left)
 

@@ -83,6 +83,9 @@ class LaneState:
     """The initial ``u*``; the lane's ``target`` moves it (``capacity/usage_target.py``)."""
     queue_target: int = 2
     """``q*``: the server queue the gate keeps (``initial_queue_target``)."""
+    lengths_learned: bool = True
+    """The length model holds enough answers for a projection (the gate sets it): before, the
+    forecast's prior, not ``u*``, holds work back, and ``u*`` does not creep."""
     queue_limit: int | None = None
     """The server's ``max_queued_requests`` (per DP rank): the queue never reaches it."""
     learned_limit: int | None = None

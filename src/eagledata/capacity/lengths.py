@@ -21,6 +21,14 @@ from dataclasses import dataclass
 RECENT = 128
 """The latest answers that stand alone for a bucket when they are longer than its window's."""
 
+CURVE_MIN_ANSWERS = 2
+"""Answers before a survival curve stands for the forecast (all buckets' together until a
+bucket holds ``min_samples``): fewer than the projection needs, because the Kaplan-Meier curve
+counts every request still running as longer than its age and sends the mass no answer has
+settled to ``max_new_tokens``. A curve of two answers is the prior where it knows nothing and
+the answers where it does; before, the prior alone held the reference job's pool at about half
+full until 8 answers were in."""
+
 BUCKET_EDGES = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 """Prompt-length buckets (tokens): long prompts often ask for long answers."""
 
@@ -85,7 +93,8 @@ class LengthModel:
     """Answer lengths per prompt-length bucket, over the latest answers.
 
     Until a bucket holds ``min_samples`` answers it borrows all buckets', and until those do,
-    ``prior`` (``max_new_tokens`` unless seeded: the pessimistic start)."""
+    ``prior`` (``max_new_tokens`` unless seeded: the pessimistic start). The survival curve
+    starts sooner (``CURVE_MIN_ANSWERS``)."""
 
     def __init__(
         self,
@@ -180,11 +189,14 @@ class LengthModel:
 
     def curve(self, prompt_tokens: int) -> SurvivalCurve | None:
         """The survival curve that stands for this prompt's answer (its bucket's, else all
-        buckets'), with the requests running now counted; None while too few answers ended.
+        buckets'), with the requests running now counted; None while fewer than
+        ``CURVE_MIN_ANSWERS`` ended.
         A new object after every ``add`` or ``set_running``: safe to keep."""
         source = self._source(prompt_tokens)
         if source is None:
-            return None
+            if len(self._all) < CURVE_MIN_ANSWERS:
+                return None
+            source = None, self._all
         key, ended = source
         curve = self._curves.get(key)
         if curve is None:
@@ -196,6 +208,12 @@ class LengthModel:
     @property
     def samples(self) -> int:
         return len(self._all)
+
+    @property
+    def learned(self) -> bool:
+        """As many answers as the projection needs: the curve of fewer still holds the prior's
+        mass, and the usage target does not probe its margin on it."""
+        return len(self._all) >= self.min_samples
 
 
 def _percentile(values: Iterable[int], quantile: float) -> int:

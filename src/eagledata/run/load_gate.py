@@ -83,6 +83,9 @@ class LoadGate(LaneSet):
             (lane, t) for lanes in self.lanes.values() for lane in lanes for t in lane.tickets
         ]
         self.lengths.set_running((t.prompt_tokens, lane.age(t, now)) for lane, t in tickets)
+        for lanes in self.lanes.values():
+            for lane in lanes:
+                lane.lengths_learned = self.lengths.learned
         for _, ticket in tickets:
             ticket.lengths = self.lengths.curve(ticket.prompt_tokens)
 
