@@ -61,7 +61,7 @@ class ItemSender:
         self.on_failure = on_failure
         """Called with each item that ended in the failure file."""
         self.examine = examine
-        """What the answer's record says of it, read in a worker thread as it arrives."""
+        """What the answer's record says of it, read as it arrives."""
         self.load = load
         """Under ``--concurrency auto``: the gate each attempt passes, and where it goes."""
         self.stopped = stopped if stopped is not None else asyncio.Event()
@@ -162,9 +162,11 @@ class ItemSender:
                 return
             if result is None:
                 return  # stopped before it was sent
-            # Read here, one answer at a time and off the event loop, not when a check releases
-            # hundreds at once: the gate must see the next answer end while this one is read.
-            answer = await asyncio.to_thread(self.examine, item, result)
+            # Read here, one answer at a time as it arrives, not when a check releases hundreds
+            # at once: the gate must see the next answer end while they are read. On the event
+            # loop, not in a worker thread: the reading holds the GIL either way, and handing
+            # each answer to a thread cost a fast server's client ~1.5% (two at 0.05, A/B).
+            answer = self.examine(item, result)
             self.guard.hold(answer, result.server, result.completed_at)
             return
 

@@ -100,8 +100,8 @@ class SessionItems(RunBase):
     def _examine(
         self, parts: SessionParts, item: WorkItem, result: GenerateResult
     ) -> ExaminedAnswer:
-        """What an answer's record says of it, read as it arrives (in a worker thread: it
-        decodes and re-encodes the answer)."""
+        """What an answer's record says of it, read as it arrives (it decodes and re-encodes
+        the answer: ``quality/flags.py``'s round trip)."""
         # results exist only when the plan had work
         assert parts.flagger is not None and self.turns is not None
         flags = parts.flagger.flags(
