@@ -441,6 +441,63 @@ def test_a_server_without_logprobs_is_one_line_naming_the_fix(
     assert read_records(out) == []
 
 
+async def _scored_with(url: str, change: Any) -> tuple[Any, Any]:
+    """A healthy scoring, and one of the same canary set whose scorings ``change`` rewrote."""
+    client, baseline = await _baseline(url, CanarySettings(**{**SMALL, "probes": 0}))
+    try:
+        honest = await CanaryScorer(client).score(url, baseline.canary_set)
+        real = client.post_generate
+
+        async def rewritten(server: str, body: dict[str, Any]) -> dict[str, Any]:
+            answer = await real(server, body)
+            if body.get("top_logprobs_num"):
+                change(answer["meta_info"]["input_top_logprobs"])
+            return answer
+
+        client.post_generate = rewritten  # type: ignore[method-assign]
+        try:
+            return honest, await CanaryScorer(client).score(url, baseline.canary_set)
+        except ServerError as exc:
+            return honest, exc
+    finally:
+        await client.__aexit__(None, None, None)
+
+
+def test_a_scoring_with_a_short_top_list_reads_every_other_position_alike(
+    tokenizer_dir: str,
+) -> None:
+    """A position with fewer top entries than asked is read entry by entry, the rest of the
+    scoring as it would be whole: the two ways of reading give the same numbers."""
+
+    def shorten(tops: list[Any]) -> None:
+        tops[-1] = tops[-1][:-1]
+
+    with SimServerThread(sim_config(tokenizer_dir, logprob_noise=0.0)) as sim:
+        honest, short = asyncio.run(_scored_with(sim.url, shorten))
+    length = len(honest.scoring.lps) // 6
+    last = np.arange(len(honest.scoring.lps)) % length == length - 1
+    for field in ("top_ids", "top_lps"):
+        whole, partial = getattr(honest.scoring, field), getattr(short.scoring, field)
+        assert np.array_equal(whole[~last], partial[~last])
+        assert np.array_equal(whole[last][:, :-1], partial[last][:, :-1])
+    assert (short.scoring.top_lps[last][:, -1] == -1e9).all()
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [{"logprob": -1.0, "id": 5}, [None, 5, None], [-1.0], ["x", 5, None], [-1.0, None, None]],
+    ids=["object", "null-logprob", "no-id", "string-logprob", "null-id"],
+)
+def test_a_malformed_top_logprob_is_one_line_not_a_crash(tokenizer_dir: str, entry: Any) -> None:
+    def corrupt(tops: list[Any]) -> None:
+        tops[-1][0] = entry
+
+    with SimServerThread(sim_config(tokenizer_dir)) as sim:
+        _, refused = asyncio.run(_scored_with(sim.url, corrupt))
+    assert isinstance(refused, ServerError)
+    assert str(refused).startswith(f"{sim.url}: a canary scoring came back malformed (")
+
+
 def test_the_canary_command_records_a_baseline_that_runs_share(
     tokenizer_dir: str, tmp_path: Path
 ) -> None:
