@@ -359,6 +359,49 @@ def test_the_gate_never_fills_the_queue_cap_the_server_reports() -> None:
     assert gate.room(Ticket(gate, 100, 150, 2.0, lengths), 2.0) is not None  # the queue moved
 
 
+def test_requests_sent_after_a_sample_and_ended_do_not_fill_the_queue_bound() -> None:
+    """The canary's check sends a burst of short requests (warm-ups of no new token) that come
+    back within one poll: the sample never counted them, so their ends free no slot it counted
+    as running. Taking them off its running count made the bound count every request it saw
+    running as queued, and a check held the run's requests at the queue cap until the next
+    sample while the pool ran down."""
+    gate = lane(queue_target=100, queue_limit=8)  # held at 7: one slot spare
+    lengths = kaplan_meier([50] * 20, [], cap=4096)
+    for sent in range(6):
+        gate.tickets[Ticket(gate, 100, 150, 0.1 * sent, lengths)] = None
+    gate.observe(LaneSample(time=1.0, load=RankLoad(0, waiting=0, running=6), ours_at_ask=6), 1.0)
+    for _ in range(6):  # the burst, after the sample, back before the next
+        warm_up = Ticket(gate, 100, 100, 1.1, None)
+        gate.tickets[warm_up] = None
+        gate.tickets.pop(warm_up)
+        gate.ended(warm_up, 1.2, 100, data=False)
+    admitted = 0
+    while gate.room(ticket := Ticket(gate, 100, 150, 1.2, lengths), 1.2) is not None:
+        gate.tickets[ticket] = None
+        admitted += 1
+    assert admitted == 7 and gate.held_by == {"queue_cap": 1}  # the six run, seven may queue
+    # A sample asked at 1.25 and read at 1.4: of what ended in between, the one sent before
+    # the ask is taken off its counts, the one sent after is not.
+    first = min(gate.tickets, key=lambda t: t.sent_at)
+    gate.tickets.pop(first)
+    gate.ended(first, 1.3, 150, data=True)
+    late = Ticket(gate, 100, 100, 1.3, None)
+    gate.tickets[late] = None
+    gate.tickets.pop(late)
+    gate.ended(late, 1.35, 100, data=False)
+    gate.observe(
+        LaneSample(
+            time=1.4,
+            load=RankLoad(0, waiting=7, running=5),
+            asked=1.25,
+            ours_at_ask=13,
+            ended_at_ask=gate.ended_total - 2,
+        ),
+        1.4,
+    )
+    assert gate.ended_of_asked == 1 and gate.queued_at_most() == 12 - (5 - 1)
+
+
 def test_a_503_teaches_a_queue_cap_that_is_not_one_slot_for_good() -> None:
     """A server that reports no cap but answers 503: the queue we may have had at the 503 was
     at least its cap, and the gate keeps below that; a calm ceiling period relaxes it by one."""

@@ -93,8 +93,9 @@ class Lane(LaneState):
         if sample.load.running is None or sample.load.waiting is None or sample.ours_at_ask is None:
             return 0
         # Those that ended while the sample was read were not counted either: gone already.
-        ended = self.ended_total - sample.ended_at_ask
-        missing = sample.ours_at_ask - sample.load.running - sample.load.waiting - ended
+        missing = (
+            sample.ours_at_ask - sample.load.running - sample.load.waiting - self.ended_of_asked
+        )
         if missing <= 0:
             return 0
         oldest = sorted((t for t in self.tickets if t.sent_at <= sample.since), key=_sent_at)
@@ -262,6 +263,7 @@ class Lane(LaneState):
         """Take a new server sample; True if it shows a retraction (the caller logs it)."""
         previous = self.sample
         self.sample = sample
+        self.count_ended_of_asked(sample)
         if sample.load.pool_tokens:
             self.pool_tokens = sample.load.pool_tokens
         if sample.load.max_running:

@@ -98,6 +98,13 @@ class LaneState:
     rejections: int = 0
     ended_total: int = 0
     """Requests that ended with an answer, ever (a sample keeps the count it was read at)."""
+    ended_of_asked: int = 0
+    """Of those, the ones that ended after the last sample was asked for and were sent before:
+    the requests its counts may hold that have ended since. One sent after the ask (a canary's
+    warm-up, back in a blink) was never in them, and taking it off them would make the queue's
+    bound count it as queued."""
+    ends_sent_at: deque[float] = field(default_factory=lambda: deque(maxlen=4096))
+    """When each of the latest requests to end was sent, in the order they ended."""
     freed_since_sample: float = 0.0
     """KV the sample counted that the requests ending since have freed."""
     foreign_tokens: float = 0.0
@@ -130,9 +137,7 @@ class LaneState:
         sample = self.sample
         if sample is None or sample.load.running is None or sample.ours_at_ask is None:
             return self._queued_by_waiting()
-        running = min(sample.load.running, sample.ours_at_ask) - (
-            self.ended_total - sample.ended_at_ask
-        )
+        running = min(sample.load.running, sample.ours_at_ask) - self.ended_of_asked
         return max(0, len(self.tickets) - max(0, running))
 
     def _queued_by_waiting(self) -> int:
@@ -192,7 +197,10 @@ class LaneState:
         the server took it out of its pool (and the next request out of its queue). ``data``:
         one of the run's own (its lifetime paces the usage target)."""
         self.ended_total += 1
+        self.ends_sent_at.append(ticket.sent_at)
         sample = self.sample
+        if sample is not None and ticket.sent_at <= sample.since:
+            self.ended_of_asked += 1
         if (
             sample is not None
             and ticket.sent_at <= sample.since
@@ -208,6 +216,13 @@ class LaneState:
                     life if self.lifetime_s is None else (0.9 * self.lifetime_s + 0.1 * life)
                 )
                 self.target.pace_by(self.lifetime_s)
+
+    def count_ended_of_asked(self, sample: LaneSample) -> None:
+        """``ended_of_asked`` for a new sample: of the requests that ended since it was asked
+        for, those sent before."""
+        since = min(len(self.ends_sent_at), max(0, self.ended_total - sample.ended_at_ask))
+        recent = list(self.ends_sent_at)[len(self.ends_sent_at) - since :] if since else []
+        self.ended_of_asked = sum(1 for sent_at in recent if sent_at <= sample.since)
 
     def speed(self) -> LaneSpeed | None:
         """How long the run's requests live here and how many end a second (None until eight
