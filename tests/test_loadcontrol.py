@@ -402,6 +402,34 @@ def test_requests_sent_after_a_sample_and_ended_do_not_fill_the_queue_bound() ->
     assert gate.ended_of_asked == 1 and gate.queued_at_most() == 12 - (5 - 1)
 
 
+def test_a_canary_check_counts_for_one_prefill_chunk_not_its_whole_burst() -> None:
+    """A check sends its scorings at once: requests that generate nothing, each holding KV only
+    while its prefill batch runs, and the server prefills at most a chunk at a time. Counted
+    whole, ten of 800 tokens took the pool's budget and the run's requests waited out the
+    check; counted as one chunk, the run goes on beside it."""
+    lengths = kaplan_meier([50] * 20, [], cap=4096)
+
+    def admitted_beside(burst: int) -> int:
+        gate = lane()  # a pool of 10,000 at u* 0.85: 8,500
+        gate.prefill_chunk = 1000
+        for _ in range(10):
+            gate.tickets[Ticket(gate, 100, 150, 0.0, lengths)] = None
+        load = RankLoad(0, waiting=0, running=10, used_tokens=1500, pool_tokens=10_000)
+        gate.observe(LaneSample(time=0.5, load=load, ours_at_ask=10), 0.5)
+        for _ in range(burst):  # the check's scorings, sent after the sample
+            gate.tickets[Ticket(gate, 800, 800, 0.6)] = None
+        admitted = 0
+        while gate.room(ticket := Ticket(gate, 100, 150, 0.7, lengths), 0.7) is not None:
+            gate.tickets[ticket] = None
+            admitted += 1
+        return admitted
+
+    alone = admitted_beside(0)
+    assert alone > 40
+    # 8,000 tokens of scorings take at most a chunk's room: ten requests of 100 at most.
+    assert alone - 10 <= admitted_beside(10) <= alone
+
+
 def test_a_503_teaches_a_queue_cap_that_is_not_one_slot_for_good() -> None:
     """A server that reports no cap but answers 503: the queue we may have had at the 503 was
     at least its cap, and the gate keeps below that; a calm ceiling period relaxes it by one."""

@@ -39,6 +39,14 @@ The gate, per lane (one DP rank of one server, or a router's workers together):
   below it, so our traffic gets no 503 by construction. A server that reports no cap but
   answers 503 teaches one (the bound at the 503), which relaxes by one a ceiling period later.
 * At a measured usage above 0.97 with a queue, admissions pause (a retraction is imminent).
+* A request that generates nothing (the canary's warm-ups and scorings, ``max_new_tokens`` 0)
+  holds KV only while its prefill batch runs: SGLang takes it into a batch of at most
+  ``chunked_prefill_size`` new tokens, only into the room its running requests leave, and the
+  request ends with its batch (its KV goes to the evictable radix cache, which the pool's
+  usage does not count). So such requests count together for at most one prefill chunk, now
+  and in ``present``, however many are in flight: counted whole, a canary check's 24
+  scorings of ~800 tokens held half the ``queue-cap`` pool in the forecast, and the run's
+  requests ran down to half while it lasted.
 * ``u*`` itself (start 0.85, in [0.60, 0.95]) moves by AIMD on the server's retractions, under
   a ceiling learned from them (``capacity/usage_target.py``), at a pace set by how long a
   request lives on this server: on a fast one its periods shrink with the answers' lifetime.
@@ -186,10 +194,27 @@ class Lane(LaneState):
     def peak(self, now: float, extra: Ticket | None = None) -> float:
         """The highest KV what is in flight (and ``extra``, admitted now) will hold before it
         ends, at the ``overflow_quantile`` of the sampled futures, plus the unexplained load."""
-        flights = [self.flight(ticket, now) for ticket in self.tickets]
+        flights = []
+        prefill = 0
+        for ticket in self.tickets:
+            if ticket.prefill_only:
+                prefill += 0 if ticket.gone else ticket.prompt_tokens
+            else:
+                flights.append(self.flight(ticket, now))
         if extra is not None:
-            flights.append(self.flight(extra, now))
-        return self.foreign_tokens + peak_quantile(flights, self.settings.overflow_quantile)
+            if extra.prefill_only:
+                prefill += extra.prompt_tokens
+            else:
+                flights.append(self.flight(extra, now))
+        peak = peak_quantile(flights, self.settings.overflow_quantile)
+        # The prefill-only requests end within their batch: they count now, not at the peak
+        # of the others (the forecast's first instant holds everything in flight).
+        now_held = sum(flight.held for flight in flights) + self._prefill_held(prefill)
+        return self.foreign_tokens + max(peak, now_held)
+
+    def _prefill_held(self, prompt_tokens: int) -> int:
+        """What requests that generate nothing, of ``prompt_tokens`` together, hold at once."""
+        return min(prompt_tokens, self.prefill_chunk)
 
     def budget(self) -> float | None:
         """The KV the lane may hold: the target share of the pool."""
@@ -204,9 +229,11 @@ class Lane(LaneState):
         sample = self.sample
         if sample is None or sample.load.used_tokens is None or self.pool_tokens is None:
             return None
-        recent = sum(t.prompt_tokens for t in self.tickets if t.sent_at > sample.since)
+        recent = [t for t in self.tickets if t.sent_at > sample.since]
+        generating = sum(t.prompt_tokens for t in recent if not t.prefill_only)
+        prefill = sum(t.prompt_tokens for t in recent if t.prefill_only)
         used = max(0.0, sample.load.used_tokens - self.freed_since_sample)
-        return used + recent + prompt_tokens
+        return used + generating + self._prefill_held(prefill) + prompt_tokens
 
     def room(self, candidate: Ticket, now: float) -> float | None:
         """Free projected KV if this request were admitted (>= 0), or None: not now (the

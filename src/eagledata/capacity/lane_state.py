@@ -40,6 +40,11 @@ class Ticket:
     """The last sample says the server no longer holds it: it ended there, and its answer has
     not reached us yet (a busy client). The forecast gives it no KV."""
 
+    @property
+    def prefill_only(self) -> bool:
+        """It generates nothing (the canary's warm-ups and scorings: ``max_new_tokens`` 0)."""
+        return self.projected <= self.prompt_tokens
+
 
 @dataclass(frozen=True, slots=True)
 class LaneSample:
@@ -83,6 +88,9 @@ class LaneState:
     """The initial ``u*``; the lane's ``target`` moves it (``capacity/usage_target.py``)."""
     queue_target: int = 2
     """``q*``: the server queue the gate keeps (``initial_queue_target``)."""
+    prefill_chunk: int = 8192
+    """The most new tokens the server prefills in one batch (its ``chunked_prefill_size``):
+    what its requests that generate nothing hold together at once (``Ticket.prefill_only``)."""
     lengths_learned: bool = True
     """The length model holds enough answers for a projection (the gate sets it): before, the
     forecast's prior, not ``u*``, holds work back, and ``u*`` does not creep."""

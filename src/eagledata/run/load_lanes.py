@@ -137,6 +137,7 @@ class LaneSet:
                 max_running=None if facts is None else facts.max_running_requests,
                 usage_target=self.settings.target_usage,
                 queue_target=queue,
+                prefill_chunk=self.settings.chunked_prefill_size,
                 decode_rate=self.settings.default_decode_rate,
             )
             for rank in ranks
@@ -166,3 +167,4 @@ class LaneSet:
                 chunk = self.settings.chunked_prefill_size
             for lane in lanes:
                 lane.queue_target = initial_queue_target(chunk, mean)
+                lane.prefill_chunk = chunk
