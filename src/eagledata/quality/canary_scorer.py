@@ -240,7 +240,7 @@ def _parse_tops(tops: object, rows: int, k: int) -> tuple[np.ndarray, np.ndarray
     """The top-``k`` ids and logprobs of each scored position (past the first, which has none),
     a missing entry as id 0 at -1e9. A whole scoring is 24 references of 512 positions of 20
     entries: read as two flat lists when every row is whole, not entry by entry, because this
-    runs on the event loop beside a fast server (a fifth of the time)."""
+    runs on the event loop beside a fast server (a quarter of the time)."""
     top_ids = np.zeros((rows - 1, k), dtype=np.int64)
     top_lps = np.full((rows - 1, k), -1e9)
     if not k or not isinstance(tops, list) or len(tops) != rows:
