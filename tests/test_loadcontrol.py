@@ -273,6 +273,53 @@ def test_a_request_ages_from_when_the_server_admitted_it() -> None:
     assert tickets[2].started_at == pytest.approx(4.5)  # admitted between the two samples
 
 
+def test_a_cohort_that_ends_together_does_not_read_as_a_faster_server() -> None:
+    """``gen_throughput`` is the mean of the server's last logging window, the running count is
+    live. Seven requests sent together end together; the one left must not get the seven's
+    throughput, or its age (and that of every request sent next) reads several times too high
+    and the gate admits into a pool it thinks is about to empty."""
+    gate = lane(decode_rate=250.0)
+    old = Ticket(gate, 29, 329, 0.0, started_at=0.0)
+    gate.tickets[old] = None
+
+    def observe(second: float, running: int, throughput: float) -> None:
+        load = RankLoad(0, running=running, waiting=0, gen_throughput=throughput)
+        gate.observe(LaneSample(time=second, load=load), second)
+
+    observe(1.0, 7, 1750.0)
+    observe(1.1, 7, 1750.0)
+    assert gate.decode_rate == pytest.approx(250.0)  # 1,750 tok/s over seven
+    observe(1.2, 1, 1750.0)  # six ended; the window is the one of seven
+    assert gate.decode_rate == pytest.approx(250.0)
+    observe(1.3, 1, 1610.0)  # refreshed: a window that began with seven running
+    assert gate.age(old, 1.3) <= 1.3 * 250
+    expected = 0.7 * 250 + 0.3 * 1610 / 7
+    assert gate.decode_rate == pytest.approx(expected)
+    for second, throughput in ((1.4, 240.0), (1.5, 250.0)):  # the next windows: one alone
+        observe(second, 1, throughput)
+        expected = 0.7 * expected + 0.3 * throughput
+    assert gate.decode_rate == pytest.approx(expected)
+
+
+def test_requests_not_on_the_server_yet_do_not_make_running_ones_look_ended() -> None:
+    """Three answers of ~300 tokens that queued a moment at first, and three requests sent a few
+    milliseconds before the sample was asked for, not on the server yet. The server counts three
+    of our six: the three still running must not be taken as ended (their age, from when they
+    were sent, passes 300; from when the server took them, it does not), or the sample's KV
+    goes to the three new ones and every age reads several times too high."""
+    gate = lane(decode_rate=250.0)
+    running = [Ticket(gate, 66, 366, 0.0, started_at=0.12) for _ in range(3)]
+    arriving = [Ticket(gate, 50, 350, 1.27) for _ in range(3)]
+    for ticket in running + arriving:
+        gate.tickets[ticket] = None
+    generated = int((1.3 - 0.12) * 250)
+    load = RankLoad(0, running=3, waiting=0, used_tokens=3 * (66 + generated))
+    gate.observe(LaneSample(time=1.3, load=load, asked=1.28, ours_at_ask=6), 1.3)
+    assert not any(t.gone for t in running)
+    assert gate.age_scale == pytest.approx(1.0, abs=0.01)
+    assert all(gate.age(t, 1.3) <= 10 for t in arriving)
+
+
 def test_one_overflow_backs_off_once_however_many_times_it_retracts() -> None:
     gate = lane(usage_target=0.9)
     gate.observe(LaneSample(time=0.0, load=RankLoad(0, token_usage=0.9), retracted_total=0), 0.0)
@@ -556,7 +603,10 @@ def test_auto_fills_the_pool_without_retraction_and_writes_everything_once(
     300 +-30% overflow this pool, which ~9 requests fill, about once in 200: docs/throughput.md,
     A small pool). At 20x, not the engine's usual 100x: a client on a loaded machine reacts
     tens of milliseconds late, which at 100x is seconds of the server's time and the whole
-    margin of this pool (3 of 10 runs retracted with both cores busy; 0 of 8 at 20x)."""
+    margin of this pool. Answers of one length end together, which is what broke it at 20x
+    under load (6 of 40 runs beside four busy processes; 0 of 40 since):
+    ``test_a_cohort_that_ends_together_does_not_read_as_a_faster_server`` and
+    ``test_requests_not_on_the_server_yet_do_not_make_running_ones_look_ended``."""
     with SimServerThread(engine(tokenizer_dir, output_len_spread=0.0, time_scale=0.05)) as sim:
         summary = run_auto(sim, tmp_path / "run")
         stats = sim.stats()

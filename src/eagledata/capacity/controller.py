@@ -18,11 +18,13 @@ The gate, per lane (one DP rank of one server, or a router's workers together):
   **projection** is ``P + min(max_new, L90)``, ``L90`` its bucket's 90th percentile (the prior,
   ``max_new_tokens``, until 8 answers are in).
 * Each request in flight holds ``P + g`` tokens, ``g`` its generated tokens: seconds since sent x
-  the per-request decode rate the server reports, scaled so that our requests add up to the KV
-  the server last measured (``calibrate``). It grows one token per decode step until it ends; its
-  end follows its bucket's survival curve given that it has run ``g`` tokens (Kaplan-Meier over
-  the answers that ended and the requests still running, so the short answers that end first do
-  not make the forecast optimistic), or, before any answers end, it ends at its projection.
+  the per-request decode rate the server reports (its windowed ``gen_throughput`` over the most
+  requests that ran in the window, ``LaneState.window_rate``), scaled so that our requests add
+  up to the KV the server last measured (``calibrate``). It grows one token per decode step
+  until it ends; its end follows its bucket's survival curve given that it has run ``g``
+  tokens (Kaplan-Meier over the answers that ended and the requests still running, so the
+  short answers that end first do not make the forecast optimistic), or, before any answers
+  end, it ends at its projection.
 * The controller **forecasts** the highest KV its requests will hold before they end, over
   sampled futures (``capacity/forecast.py``: each request's remaining length drawn from its
   curve given its age), and admits a request only if the ``overflow_quantile`` of that peak,
@@ -94,8 +96,13 @@ class Lane(LaneState):
         """Ours the server no longer counts (neither running nor waiting) are on their way, to
         it (the newest) or back from it (an answer the client has not read yet: the oldest).
         Of the oldest, those past the length 90% of answers stay under are taken as ended: a
-        client that reads its answers late must not see their KV as the server's. Returns how
-        many of ours the server did not count and are not taken as ended (still to arrive)."""
+        client that reads its answers late must not see their KV as the server's. Their age is
+        the gate's estimate (from when the server admitted them), not the upper bound from when
+        they were sent: taking a request that still runs as ended gives its KV to the others
+        in ``calibrate`` (measured: three sent a few ms before the sample were not on the
+        server yet, three that had queued were taken as ended, and the age scale doubled).
+        Returns how many of ours the server did not count and are not taken as ended (still
+        to arrive)."""
         for ticket in self.tickets:
             ticket.gone = False
         if sample.load.running is None or sample.load.waiting is None or sample.ours_at_ask is None:
@@ -111,8 +118,7 @@ class Lane(LaneState):
             if missing <= 0:
                 break
             longest = ticket.projected - ticket.prompt_tokens
-            most = int((sample.time - ticket.sent_at) * self.decode_rate * self.age_scale)
-            if most < longest:
+            if self.age(ticket, sample.time) < longest:
                 break  # younger than an answer of its length: not ended yet
             ticket.gone = True
             missing -= 1
@@ -295,8 +301,8 @@ class Lane(LaneState):
             self.pool_tokens = sample.load.pool_tokens
         if sample.load.max_running:
             self.max_running = sample.load.max_running
-        if sample.load.running and sample.load.gen_throughput:
-            rate = sample.load.gen_throughput / sample.load.running
+        rate = self.window_rate(sample.load, previous.load.running if previous else None)
+        if rate is not None:
             self.decode_rate = 0.7 * self.decode_rate + 0.3 * rate
         arriving = self.mark_gone(sample, now)
         self.mark_started(sample, previous, arriving)

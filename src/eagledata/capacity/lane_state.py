@@ -103,6 +103,12 @@ class LaneState:
     sample: LaneSample | None = None
     decode_rate: float = 10.0
     age_scale: float = 1.0
+    window_throughput: float | None = None
+    """The server's ``gen_throughput`` at the last sample: a mean over its last logging window
+    (SGLang refreshes it every ``decode_log_interval`` decode steps), not a live figure."""
+    window_running: int = 0
+    """The most requests running at any sample since that figure last changed, and at the
+    sample before: the batch its window ran, as far as the samples tell."""
     rejections: int = 0
     ended_total: int = 0
     """Requests that ended with an answer, ever (a sample keeps the count it was read at)."""
@@ -231,6 +237,28 @@ class LaneState:
         since = min(len(self.ends_sent_at), max(0, self.ended_total - sample.ended_at_ask))
         recent = list(self.ends_sent_at)[len(self.ends_sent_at) - since :] if since else []
         self.ended_of_asked = sum(1 for sent_at in recent if sent_at <= sample.since)
+
+    def window_rate(self, load: RankLoad, before: int | None) -> float | None:
+        """Tokens a second one running request gets, from a sample's ``gen_throughput``, or None
+        when the sample says nothing new. The throughput is the mean of the server's last
+        logging window; the running count is live. Divided by the live count, a cohort that
+        ended together (answers cut at one length) read as several times the rate: 1,700 tok/s
+        of seven requests over the one left is 7x, and ages that fast made the requests sent
+        after it look half done (measured: a 2,500-token pool overfilled by three at once).
+        So it is divided by the most requests the samples saw running over the window (from
+        the sample before it began), and a figure the server has not refreshed is skipped."""
+        running, throughput = load.running, load.gen_throughput
+        if running is None:
+            return None
+        if throughput == self.window_throughput:  # the same window: nothing new
+            self.window_running = max(self.window_running, running)
+            return None
+        batch = max(self.window_running, running)
+        # The next window began after the sample before this one.
+        self.window_throughput, self.window_running = throughput, max(before or 0, running)
+        if not throughput or batch <= 0:
+            return None
+        return throughput / batch
 
     def speed(self) -> LaneSpeed | None:
         """How long the run's requests live here and how many end a second (None until eight
