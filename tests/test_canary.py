@@ -23,7 +23,16 @@ from eagledata.quality.canary import CanaryMonitor, build_baseline
 from eagledata.quality.canary_baseline import Baseline
 from eagledata.quality.canary_cli import record_baseline, score_against
 from eagledata.quality.canary_scorer import CanaryScorer
-from eagledata.quality.canary_stats import Scoring, compare, fired
+from eagledata.quality.canary_stats import (
+    Rules,
+    Scoring,
+    compare,
+    fired,
+    median_reference,
+    null_statistics,
+    thresholds,
+    trimmed_signed_mean,
+)
 from eagledata.run import pipeline
 from eagledata.rundir.status import run_status
 from eagledata.server.client import SGLangClient
@@ -101,6 +110,36 @@ def test_many_checks_against_a_noisy_healthy_server_never_fire(tokenizer_dir: st
         scoring = _simulated_scoring(baseline, rng, degraded=False)
         offline_fires += bool(fired(compare(scoring, baseline.reference), baseline.thresholds))
     assert offline_fires == 0
+
+
+def test_a_baseline_whose_pairs_agree_by_chance_keeps_a_threshold_beyond_the_noise() -> None:
+    """Five scorings whose pairs happen to agree in their mean (each one's chance offset taken
+    out) while each token still moves by batch noise: the worst pair's ``mean_shift`` alone would
+    put the threshold at the 1e-3 floor, inside the range healthy checks reach (the CI failure:
+    4 of 1,000 healthy checks fired against such a baseline). The per-token noise keeps the
+    threshold beyond it: 2,000 healthy checks, none fires."""
+    rng = np.random.default_rng(11)
+    tokens, sigma = 288, 0.006  # the tests' canary: 6 references of 48 tokens
+    truth = -rng.exponential(1.0, tokens)
+    runs = [truth + rng.normal(0.0, sigma, tokens) for _ in range(5)]
+    centre = median_reference([Scoring(lps, *empty_top()) for lps in runs])
+    runs = [lps - trimmed_signed_mean(lps - centre.lps) for lps in runs]
+    baseline = [Scoring(lps, *empty_top()) for lps in runs]
+    null = null_statistics(baseline)
+    assert max(abs(pair["mean_shift"]) for pair in null) < 2.5e-4  # 4x of it: under the floor
+    limits = thresholds(null, Rules())
+    reference = median_reference(baseline)
+    healthy = [Scoring(truth + rng.normal(0.0, sigma, tokens), *empty_top()) for _ in range(2000)]
+    fires = [fired(compare(check, reference), limits) for check in healthy]
+    assert [f for f in fires if f] == []
+    # ...while a shift of every token by 0.005 nats (a quarter of the simulated fp8 cache's)
+    # still fires.
+    shifted = Scoring(truth + rng.normal(0.0, sigma, tokens) - 0.005, *empty_top())
+    assert any(f.startswith("mean_shift") for f in fired(compare(shifted, reference), limits))
+
+
+def empty_top() -> tuple[np.ndarray, np.ndarray]:
+    return np.zeros((0, 0)), np.zeros((0, 0))
 
 
 def _simulated_scoring(baseline: Baseline, rng: Any, *, degraded: bool) -> Scoring:
