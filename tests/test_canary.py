@@ -132,8 +132,8 @@ def test_a_baseline_whose_pairs_agree_by_chance_keeps_a_threshold_beyond_the_noi
     healthy = [Scoring(truth + rng.normal(0.0, sigma, tokens), *empty_top()) for _ in range(2000)]
     fires = [fired(compare(check, reference), limits) for check in healthy]
     assert [f for f in fires if f] == []
-    # ...while a shift of every token by 0.005 nats (a quarter of the simulated fp8 cache's)
-    # still fires.
+    # ...while a shift of every token by 0.005 nats (a quarter of what the simulator's
+    # degraded server moves, -0.0185) still fires.
     shifted = Scoring(truth + rng.normal(0.0, sigma, tokens) - 0.005, *empty_top())
     assert any(f.startswith("mean_shift") for f in fired(compare(shifted, reference), limits))
 
