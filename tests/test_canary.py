@@ -138,6 +138,37 @@ def test_a_baseline_whose_pairs_agree_by_chance_keeps_a_threshold_beyond_the_noi
     assert any(f.startswith("mean_shift") for f in fired(compare(shifted, reference), limits))
 
 
+def test_a_small_canary_does_not_fire_on_three_routing_flips() -> None:
+    """On the tests' canary (288 positions) the 0.01 floor of ``top1_flip`` is 2.9 positions: a
+    baseline whose pairs flipped nothing fired on a healthy check with three routing flips (11 of
+    300,000 checks in ``benchmarks/canary_null.py``, one CI run in ~27). The floor is a count of
+    positions too: three or four flips pass, five still fire, and a large canary keeps the 0.01
+    floor."""
+    positions, k = 288, 4
+    ids = np.tile(np.arange(k), (positions, 1))
+    top_lps = np.tile(np.log(np.array([0.7, 0.2, 0.06, 0.04])), (positions, 1))
+    lps = np.full(positions, np.log(0.7))
+    baseline = [Scoring(lps.copy(), ids.copy(), top_lps.copy(), []) for _ in range(4)]
+    null = null_statistics(baseline)
+    assert max(pair["top1_flip"] for pair in null) == 0.0
+    limits = thresholds(null, Rules())
+
+    def flipped(count: int) -> Scoring:
+        swapped = ids.copy()
+        swapped[:count, [0, 1]] = swapped[:count, [1, 0]]
+        return Scoring(lps.copy(), swapped, top_lps.copy(), [])
+
+    def fires_on_flips(count: int) -> bool:
+        return any(
+            f.startswith("top1_flip") for f in fired(compare(flipped(count), baseline[0]), limits)
+        )
+
+    assert [fires_on_flips(count) for count in (3, 4, 5)] == [False, False, True]
+    large = [Scoring(np.full(12_288, np.log(0.7)), *empty_top()) for _ in range(2)]
+    large_null = [{**pair, "top1_positions": 12_288.0} for pair in null_statistics(large)]
+    assert thresholds(large_null, Rules())["top1_flip"] == Rules().top1_flip_floor
+
+
 def empty_top() -> tuple[np.ndarray, np.ndarray]:
     return np.zeros((0, 0)), np.zeros((0, 0))
 

@@ -136,6 +136,9 @@ class CanarySettings(Strict):
     topk_kl_floor: float = Field(5e-4, ge=0)
     top1_flip_factor: float = Field(4.0, gt=0)
     top1_flip_floor: float = Field(0.01, ge=0)
+    top1_flip_positions: int = Field(
+        4, ge=0, description="top1_flip never fires on this many flipped positions or fewer"
+    )
     greedy_divergence_factor: float = Field(0.5, gt=0, le=1)
     hard_trimmed_abs: float = Field(0.05, gt=0)
     hard_top1_flip: float = Field(0.05, gt=0)

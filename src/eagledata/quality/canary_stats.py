@@ -154,6 +154,9 @@ class Rules(BaseModel):
     topk_kl_floor: float = 5e-4
     top1_flip_factor: float = 4.0
     top1_flip_floor: float = 0.01
+    top1_flip_positions: int = 4
+    """``top1_flip`` never fires on this many flipped positions or fewer: on a small canary the
+    0.01 floor is under three positions, which healthy routing noise reaches."""
     greedy_divergence_factor: float = 0.5
     hard_trimmed_abs: float = 0.05
     hard_top1_flip: float = 0.05
@@ -164,7 +167,11 @@ def null_statistics(runs: Sequence[Scoring]) -> list[dict[str, float]]:
     the standard error of its ``mean_shift`` (``mean_shift_se``): the null's floor under the
     ``mean_shift`` threshold (``thresholds``)."""
     return [
-        {**compare(a, b), "mean_shift_se": trimmed_mean_se(a.lps - b.lps)}
+        {
+            **compare(a, b),
+            "mean_shift_se": trimmed_mean_se(a.lps - b.lps),
+            "top1_positions": float(len(b.top_ids)),
+        }
         for a, b in itertools.permutations(runs, 2)
     ]
 
@@ -182,11 +189,16 @@ def thresholds(null: Sequence[dict[str, float]], rules: Rules) -> dict[str, floa
     kl0 = max(s["topk_kl"] for s in null)
     f0 = max(s["top1_flip"] for s in null)
     d0 = min(s["greedy_divergence"] for s in null)
+    # top1_flip counts positions: its floor is a count too, so that a canary of a few hundred
+    # positions does not fire on three routing flips (about 1 check in 27,000 did). A baseline
+    # stored before top1_positions existed keeps the old rule.
+    positions = min(s.get("top1_positions", 0.0) for s in null)
+    flip_count_floor = rules.top1_flip_positions / positions if positions else 0.0
     return {
         "mean_shift": -max(rules.mean_shift_factor * m0, rules.mean_shift_floor),
         "trimmed_abs": max(rules.trimmed_abs_factor * a0, a0 + rules.trimmed_abs_margin),
         "topk_kl": max(rules.topk_kl_factor * kl0, rules.topk_kl_floor),
-        "top1_flip": max(rules.top1_flip_factor * f0, rules.top1_flip_floor),
+        "top1_flip": max(rules.top1_flip_factor * f0, rules.top1_flip_floor, flip_count_floor),
         "greedy_divergence": d0 * rules.greedy_divergence_factor,
     }
 
