@@ -195,7 +195,10 @@ def test_the_record_reader_finds_exactly_what_a_full_parse_finds(sim_run: Path) 
         {"role": "user", "content": 'say "flags":["x"], "flags":{"empty":true} "created_at":1'}
     ]
     tricky["text"] = '\\"completion_tokens\\":99 \u00e9\U0001f600 "finish_reason":"length"'
-    tricky["flags"] = {**tricky["flags"], "degenerate": True, "unbalanced_think": True}
+    # The run's first record may carry flags of its own (a truncated answer, in one CI run):
+    # every flag cleared, then the two this test looks for set.
+    cleared = dict.fromkeys(tricky["flags"], False)
+    tricky["flags"] = {**cleared, "degenerate": True, "unbalanced_think": True}
     tricky["spec_verify_ct"] = 17
     spaced = json.dumps(tricky, indent=1).replace("\n", " ").encode() + b"\n"
     listed = {**tricky, "flags": ["degenerate", "unbalanced_think"]}  # flags as a list, once
