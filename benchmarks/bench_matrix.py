@@ -126,6 +126,9 @@ class Job:
     """Run the client from this source tree (``--client-src``), not this one."""
     load: dict[str, str] = field(default_factory=dict)
     """Extra ``[load]`` settings (``--load``): an experiment, not the matrix's numbers."""
+    seed: int = 0
+    """Added to the servers' seeds (``--seed``): other answer lengths and tokens for the same
+    shape. Without it every run of a shape answers each prompt alike."""
     engines: list[dict[str, float]] = field(default_factory=list)
     outcomes: dict[str, int] = field(default_factory=dict)
     max_in_flight: list[int] = field(default_factory=list)
@@ -137,7 +140,7 @@ class Job:
             "context_length": 32768,
             "time_scale": self.scale,
             "length_fraction": 0.0,
-            "seed": seed,
+            "seed": seed + self.seed,
             **self.shape.server,
             **extra,
         }
@@ -319,10 +322,11 @@ def run_shape(
     settings: tuple[str, ...] = SETTINGS,
     load: dict[str, str] | None = None,
     client_src: Path | None = None,
+    seed: int = 0,
 ) -> list[dict[str, Any]]:
     dataset = work / f"{shape.name}.jsonl"
     half = shape.prompts // 2 if shape.grow_to is not None else None
-    texts = write_dataset(dataset, shape.prompts, shape.words, marked_from=half)
+    texts = write_dataset(dataset, shape.prompts, shape.words, seed, marked_from=half)
     long_token = None if half is None else marker_token(tokenizer, texts, half)
     results = []
     print(f"\n### {shape.name}, time scale {scale}\n", flush=True)
@@ -331,7 +335,7 @@ def run_shape(
     def job(setting: str, label: str = "") -> Job:
         return Job(
             shape, scale, setting, work, tokenizer, label=label, long_token=long_token,
-            client_src=client_src, load=load or {},
+            client_src=client_src, load=load or {}, seed=seed,
         )  # fmt: skip
 
     if shape.slow_second:
@@ -440,6 +444,9 @@ def main() -> None:
     parser.add_argument(
         "--load", action="append", default=[], metavar="KEY=VALUE", help="a [load] setting"
     )
+    parser.add_argument(
+        "--seed", type=int, default=0, help="other prompts and answer lengths (independent jobs)"
+    )
     parser.add_argument("--results", type=Path, default=RESULTS)
     parser.add_argument("--keep", type=Path, help="run in this folder and keep it")
     parser.add_argument(
@@ -475,7 +482,7 @@ def main() -> None:
             chosen = tuple(args.settings or SETTINGS)
             load = dict(item.split("=", 1) for item in args.load)
             shape_results = run_shape(
-                shape, scale, work_dir, tokenizer, chosen, load, args.client_src
+                shape, scale, work_dir, tokenizer, chosen, load, args.client_src, args.seed
             )
             results.extend(shape_results)
             if args.settings is None:
