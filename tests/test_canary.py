@@ -144,11 +144,15 @@ def test_a_small_canary_does_not_fire_on_three_routing_flips() -> None:
     300,000 checks in ``benchmarks/canary_null.py``, one CI run in ~27). The floor is a count of
     positions too: three or four flips pass, five still fire, and a large canary keeps the 0.01
     floor."""
-    positions, k = 288, 4
-    ids = np.tile(np.arange(k), (positions, 1))
-    top_lps = np.tile(np.log(np.array([0.7, 0.2, 0.06, 0.04])), (positions, 1))
-    lps = np.full(positions, np.log(0.7))
-    baseline = [Scoring(lps.copy(), ids.copy(), top_lps.copy(), []) for _ in range(4)]
+
+    def unflipped(positions: int) -> list[Scoring]:
+        ids = np.tile(np.arange(4), (positions, 1))
+        top_lps = np.tile(np.log(np.array([0.7, 0.2, 0.06, 0.04])), (positions, 1))
+        lps = np.full(positions, np.log(0.7))
+        return [Scoring(lps.copy(), ids.copy(), top_lps.copy(), []) for _ in range(4)]
+
+    baseline = unflipped(288)
+    ids, lps, top_lps = baseline[0].top_ids, baseline[0].lps, baseline[0].top_lps
     null = null_statistics(baseline)
     assert max(pair["top1_flip"] for pair in null) == 0.0
     limits = thresholds(null, Rules())
@@ -164,8 +168,7 @@ def test_a_small_canary_does_not_fire_on_three_routing_flips() -> None:
         )
 
     assert [fires_on_flips(count) for count in (3, 4, 5)] == [False, False, True]
-    large = [Scoring(np.full(12_288, np.log(0.7)), *empty_top()) for _ in range(2)]
-    large_null = [{**pair, "top1_positions": 12_288.0} for pair in null_statistics(large)]
+    large_null = null_statistics(unflipped(12_288))
     assert thresholds(large_null, Rules())["top1_flip"] == Rules().top1_flip_floor
 
 

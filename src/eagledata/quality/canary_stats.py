@@ -164,8 +164,9 @@ class Rules(BaseModel):
 
 def null_statistics(runs: Sequence[Scoring]) -> list[dict[str, float]]:
     """One statistics dict per ordered pair of baseline runs (the second as the reference), with
-    the standard error of its ``mean_shift`` (``mean_shift_se``): the null's floor under the
-    ``mean_shift`` threshold (``thresholds``)."""
+    the standard error of its ``mean_shift`` (``mean_shift_se``) and the positions its
+    ``top1_flip`` counts over (``top1_positions``): the floors under those two thresholds
+    (``thresholds``)."""
     return [
         {
             **compare(a, b),
