@@ -10,6 +10,7 @@ import typer
 from eagledata.cli.shell import (
     ConcurrencyOpt,
     ConfigOpt,
+    ModelOpt,
     ProgressOpt,
     ServerOpt,
     finish_run,
@@ -30,6 +31,7 @@ def generate(
         ),
     ],
     config: ConfigOpt = None,
+    model: ModelOpt = None,
     server: ServerOpt = None,
     tokenizer: Annotated[
         str | None, typer.Option(metavar="NAME|DIR", help="Tokenizer hub id or local dir")
@@ -80,7 +82,7 @@ def generate(
         overrides["server.simulated.enabled"] = False
     summary = guarded(
         lambda: pipeline.generate(
-            load_app_config(config, overrides), dataset, out, progress=progress
+            load_app_config(config, overrides, model), dataset, out, progress=progress
         )
     )
     finish_run(summary)
@@ -122,6 +124,7 @@ def canary(
     ] = None,
     checks: Annotated[int, typer.Option(help="With --against: how many checks")] = 6,
     config: ConfigOpt = None,
+    model: ModelOpt = None,
     server: ServerOpt = None,
     tokenizer: Annotated[
         str | None, typer.Option(metavar="NAME|DIR", help="Tokenizer hub id or local dir")
@@ -138,9 +141,9 @@ def canary(
 
     def act() -> str:
         if against is not None:
-            return score_against(load_app_config(config, overrides), against, checks, out)
+            return score_against(load_app_config(config, overrides, model), against, checks, out)
         if dataset is None:
             raise ConfigError("canary: pass --dataset NAME to record a baseline, or --against FILE")
-        return record_baseline(load_app_config(config, overrides), dataset, out)
+        return record_baseline(load_app_config(config, overrides, model), dataset, out)
 
     typer.echo(guarded(act))

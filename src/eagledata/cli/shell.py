@@ -12,7 +12,13 @@ from typing import Annotated, Any, TypeVar
 import typer
 
 from eagledata.cli.interrupts import EXIT_INTERRUPTED, hand_back
-from eagledata.config import AppConfig, ServerSettings, default_config_path, load_config
+from eagledata.config import (
+    DEFAULT_CONFIG_ENV,
+    AppConfig,
+    ServerSettings,
+    default_config_path,
+    load_config,
+)
 from eagledata.errors import EagledataError
 
 T = TypeVar("T")
@@ -60,6 +66,17 @@ ConcurrencyOpt = Annotated[
         "fixed cap",
     ),
 ]
+ModelOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--model",
+        "-m",
+        metavar="DIR|NAME",
+        help="The target model: its folder (config.json and tokenizer files) or a hub name in the "
+        "local cache. Gives the tokenizer, the expected model and the KV bytes per token; a config "
+        "file read with it (--config, $EAGLEDATA_CONFIG) still overrides each of them",
+    ),
+]
 ProfilesDirOpt = Annotated[
     Path | None,
     typer.Option(
@@ -83,17 +100,46 @@ FLAG_NAMES = {
 """The flag that sets each override, so a bad value is blamed on the flag, not the file."""
 
 
-def load_app_config(config_path: Path | None, overrides: dict[str, Any]) -> AppConfig:
-    return load_config(config_path or default_config_path(), overrides, FLAG_NAMES)
+def config_path_for(config_path: Path | None, model: str | None) -> Path | None:
+    """The config file a command reads: ``--config``; else ``$EAGLEDATA_CONFIG``; else, without
+    ``--model``, ``./configs/eagledata.toml`` or the shipped one (both are the Kimi-K2.5
+    reference job's). With ``--model`` and neither named, no file: the model says the rest."""
+    if config_path is not None:
+        return config_path
+    if model is not None:
+        env = os.environ.get(DEFAULT_CONFIG_ENV)
+        return Path(env) if env else None
+    return default_config_path()
 
 
-def server_settings(config_path: Path | None) -> ServerSettings:
+def model_settings(model: str | None) -> dict[str, Any]:
+    """What ``--model`` gives a run (dotted keys, beneath the config file's own)."""
+    if model is None:
+        return {}
+    from eagledata.profiles.target import resolve_target
+
+    return resolve_target(model).settings()
+
+
+def load_app_config(
+    config_path: Path | None, overrides: dict[str, Any], model: str | None = None
+) -> AppConfig:
+    return load_config(
+        config_path_for(config_path, model), overrides, FLAG_NAMES, model_settings(model)
+    )
+
+
+def server_settings(config_path: Path | None, model: str | None = None) -> ServerSettings:
     """The config's server settings (the model and bf16 bytes/token the guard expects, the
-    API key's variable), the defaults when there is no config."""
-    path = config_path or default_config_path()
-    if path is None:
+    API key's variable) over what ``--model`` says, the defaults when there is neither."""
+    path = config_path_for(config_path, model)
+    defaults = model_settings(model)
+    if path is None and not defaults:
         return ServerSettings()
-    return load_config(path).server
+    server_keys = {k: v for k, v in defaults.items() if k.startswith("server.")}
+    # the tokenizer is not read here: only [server] is wanted of the file
+    placeholder = {"tokenizer.name": "-"}
+    return load_config(path, defaults=server_keys | placeholder).server
 
 
 def auth_headers(server: ServerSettings) -> dict[str, str]:

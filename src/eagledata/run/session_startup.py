@@ -93,6 +93,7 @@ class SessionStartup(SessionItems):
             client,
             expected_model=self.frozen.expected_model,
             bf16_bytes_per_token=self.frozen.bf16_kv_bytes_per_token,
+            kv_heads=self.frozen.kv_heads,
             check_log=files.check_log,
         )
         parts = SessionParts(
