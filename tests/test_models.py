@@ -1,5 +1,5 @@
 """Any target model: ``--model DIR|NAME`` gives a run its tokenizer, expected model and KV bytes
-per token with no config file."""
+per token with no config file; ids in the embedding's padding are named as such."""
 
 from __future__ import annotations
 
@@ -13,15 +13,18 @@ from typing import Any
 
 import pytest
 
-from conftest import SAMPLES, eagledata_cmd, read_records
+from conftest import SAMPLES, eagledata_cmd, read_failures, read_records
 from eagledata.cli.shell import load_app_config, server_settings
-from eagledata.errors import ConfigError
+from eagledata.errors import ConfigError, ContractViolationError
 from eagledata.profiles.target import resolve_target
+from eagledata.server.responses import check_token_ids
 from eagledata.server.serverfacts import ServerFacts
 from eagledata.server.verdict import evaluate_kv_guard, same_model
 from eagledata.simserver import SimConfig, SimServerThread
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+TOKENIZER_VOCAB = 3000
+"""The bundled tiny ChatML tokenizer's vocabulary, added tokens included."""
 
 TINY_LLAMA = {
     "architectures": ["LlamaForCausalLM"],
@@ -277,3 +280,44 @@ def test_dp_attention_splits_heads_over_the_attention_tp_only() -> None:
         facts, expected_model=None, bf16_bytes_per_token=8 * 1024, kv_heads=8
     )
     assert verdict.ok, verdict.problems
+
+
+# --- ids in the embedding's padding ---------------------------------------------------------
+
+
+def test_an_id_in_the_embedding_padding_is_named_as_such() -> None:
+    ids = [5] * 76 + [3009]
+    with pytest.raises(ContractViolationError) as padded:
+        check_token_ids(ids, 3000, embedding_rows=3072)
+    assert padded.value.reason == "padding_id"
+    assert str(padded.value) == (
+        "output_ids[76] is 3009: a padding row of the model's embedding (vocab_size 3072) past "
+        "the tokenizer's 3000 tokens; it has no text: the model is not trained or the server is "
+        "misconfigured"
+    )
+    with pytest.raises(ContractViolationError) as outside:
+        check_token_ids([5, 4000], 3000, embedding_rows=3072)
+    assert outside.value.reason == "contract_violation"
+    assert "outside the model's embedding (vocab_size 3072)" in str(outside.value)
+    with pytest.raises(ContractViolationError, match=r"outside the tokenizer's vocabulary"):
+        check_token_ids([3009], 3000)  # the embedding unknown: as before
+
+
+def test_a_run_names_padding_ids_in_its_failures(llama_dir: Path, tmp_path: Path) -> None:
+    """A server sampling from an embedding of 3,072 rows over a tokenizer of 3,000 (random
+    weights do): each answer that holds a padding id is an item failure saying so, the others
+    are records, and the run ends normally."""
+    # no tokenizer on the simulator: it samples ids uniformly from its whole vocabulary
+    sim = llama_sim(llama_dir, tokenizer_path=None, vocab_size=3072, eos_token_id=2)
+    with SimServerThread(sim) as server:
+        done = run_cli(
+            "generate", "--model", str(llama_dir), "--server", server.url,
+            "--dataset", str(SAMPLES / "sharegpt.jsonl"), "--out", "run", "--limit", "20",
+            "--max-new-tokens", "48", "--no-canary", "--no-progress", cwd=tmp_path,
+        )  # fmt: skip
+    failures = read_failures(tmp_path / "run")
+    padded = [f for f in failures if f["reason"] == "padding_id"]
+    assert padded, (done.returncode, done.stderr, failures[:2])
+    assert "a padding row of the model's embedding (vocab_size 3072)" in padded[0]["message"]
+    for record in read_records(tmp_path / "run"):
+        assert max(record["output_ids"]) < TOKENIZER_VOCAB

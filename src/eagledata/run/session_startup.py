@@ -81,6 +81,7 @@ class SessionStartup(SessionItems):
             api_key_env=server.api_key_env,
             # an answer's ids are checked against the vocabulary before anything reads them
             vocab_size=None if tokenizer is None else tokenizer.vocab_size,
+            embedding_rows=None if tokenizer is None else tokenizer.embedding_rows,
         )
 
     async def _contact_servers(

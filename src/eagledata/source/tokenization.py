@@ -7,7 +7,9 @@ below ``context_length``) and from an optional configured cap: an over-long prom
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from eagledata.config import TokenizerSettings, resolve_bundled
@@ -94,6 +96,24 @@ class PromptTokenizer:
         """Ids a model with this tokenizer can produce: ``[0, vocab_size)``, added tokens
         included. An answer holding any other id breaks the token contract."""
         return len(self._tokenizer)
+
+    @property
+    def embedding_rows(self) -> int | None:
+        """Rows of the model's embedding, when the tokenizer's folder is the model's (its
+        ``config.json``'s ``vocab_size``, a multimodal wrapper's ``text_config``): real models
+        pad it past ``vocab_size``. None when unknown."""
+        folder = Path(resolve_bundled(self.settings.name))
+        try:
+            config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        if not isinstance(config, dict):
+            return None
+        text = config.get("text_config")
+        rows = (text if isinstance(text, dict) else config).get("vocab_size")
+        if type(rows) is not int or rows <= self.vocab_size:
+            return None
+        return rows
 
     def encode(
         self, messages: list[Message], template_kwargs: dict[str, Any] | None = None
