@@ -89,6 +89,8 @@ def test_a_model_folder_gives_tokenizer_expected_model_and_kv_bytes(llama_dir: P
         "server.expected_model": str(llama_dir.resolve()),
         "server.bf16_kv_bytes_per_token": TINY_LLAMA_BF16_BYTES,
         "server.kv_heads": 2,
+        # the bundled template's thinking switch (Qwen3's spelling), turned on
+        "tokenizer.chat_template_kwargs": {"enable_thinking": True},
     }
     assert target.kv.kind == "GQA"
     assert target.embedding_rows == 3072
@@ -152,7 +154,7 @@ def test_with_model_and_no_config_named_the_reference_config_is_not_read(
     not leak into another model's run."""
     monkeypatch.delenv("EAGLEDATA_CONFIG", raising=False)
     loaded = load_app_config(None, {}, str(llama_dir))
-    assert loaded.tokenizer.chat_template_kwargs == {}
+    assert loaded.tokenizer.chat_template_kwargs == {"enable_thinking": True}  # not Kimi's
     assert loaded.server.expected_model == str(llama_dir.resolve())
     assert not loaded.server.simulated.enabled
 
@@ -280,6 +282,110 @@ def test_dp_attention_splits_heads_over_the_attention_tp_only() -> None:
         facts, expected_model=None, bf16_bytes_per_token=8 * 1024, kv_heads=8
     )
     assert verdict.ok, verdict.problems
+
+
+# --- the chat template ------------------------------------------------------------------------
+
+
+def without_template(folder: Path) -> Path:
+    """``folder``'s tokenizer with its chat template taken out (a base model's)."""
+    config_file = folder / "tokenizer_config.json"
+    config = json.loads(config_file.read_text())
+    template = config.pop("chat_template")
+    config_file.write_text(json.dumps(config))
+    return Path(str(template))  # the text, for tests that put it back elsewhere
+
+
+def test_a_model_without_a_chat_template_is_refused_naming_the_fix(
+    llama_dir: Path, tmp_path: Path
+) -> None:
+    template = str(without_template(llama_dir))
+    dataset = str(SAMPLES / "sharegpt.jsonl")
+    with SimServerThread(llama_sim(llama_dir)) as server:
+        refused = run_cli(
+            "generate", "--model", str(llama_dir), "--server", server.url, "--dataset", dataset,
+            "--out", "run", "--limit", "2", "--no-canary", "--no-progress", cwd=tmp_path,
+        )  # fmt: skip
+        assert refused.returncode == 2, refused.stderr
+        line = refused.stderr.strip()
+        assert "\n" not in line
+        assert "has no chat template" in line
+        assert "--chat-template FILE" in line and "[tokenizer] chat_template" in line
+        (tmp_path / "chatml.jinja").write_text(template)
+        fixed = run_cli(
+            "generate", "--model", str(llama_dir), "--server", server.url, "--dataset", dataset,
+            "--chat-template", "chatml.jinja", "--out", "run2", "--limit", "2",
+            "--max-new-tokens", "16", "--no-canary", "--no-progress", cwd=tmp_path,
+        )  # fmt: skip
+    assert fixed.returncode == 0, fixed.stderr
+    frozen = json.loads((tmp_path / "run2" / "run.json").read_text())["frozen"]
+    assert frozen["tokenizer"]["chat_template"] == template
+    assert len(read_records(tmp_path / "run2")) == 2
+
+
+def test_the_models_chat_template_jinja_file_is_its_template(llama_dir: Path) -> None:
+    from eagledata.config import TokenizerSettings
+    from eagledata.source.tokenization import PromptTokenizer
+
+    template = str(without_template(llama_dir))
+    (llama_dir / "chat_template.jinja").write_text(template)
+    target = resolve_target(str(llama_dir))
+    assert target.chat_template == template
+    tokenizer = PromptTokenizer(TokenizerSettings(name=str(llama_dir)))
+    ids = tokenizer.encode([{"role": "user", "content": "hi"}])
+    assert tokenizer.hf.decode(ids).endswith("<|im_start|>assistant\n")
+
+
+@pytest.mark.parametrize(
+    ("template", "switch"),
+    [
+        # Kimi-K2.5's and DeepSeek-V3.1's spelling
+        (
+            "{%- if thinking is defined and thinking is false -%}<think></think>{%- endif -%}",
+            "thinking",
+        ),
+        ("{% if enable_thinking is false %}<think>\n\n</think>{% endif %}", "enable_thinking"),
+        ("{{ 'thinking about it' }}<think>", None),  # the word in the text, not a variable
+        ("{{ messages[0].content }}", None),
+    ],
+)
+def test_the_thinking_switch_is_read_from_the_template(
+    template: str, switch: str | None, llama_dir: Path
+) -> None:
+    without_template(llama_dir)
+    (llama_dir / "chat_template.jinja").write_text(template)
+    target = resolve_target(str(llama_dir))
+    assert target.thinking_switch == switch
+    kwargs = target.settings().get("tokenizer.chat_template_kwargs")
+    assert kwargs == ({switch: True} if switch else None)
+
+
+def test_a_run_made_before_the_later_settings_keeps_its_fingerprint() -> None:
+    """kv_heads and tokenizer.chat_template were added after runs were made: unset, they are not
+    part of the fingerprint, so resume adopts the records those runs wrote."""
+    import hashlib
+
+    import orjson
+
+    from eagledata.config import DatasetSettings, FrozenSettings, TokenizerSettings
+    from eagledata.config.data import GenerationSettings
+
+    frozen = FrozenSettings(
+        dataset_name="d",
+        dataset=DatasetSettings(source="x.jsonl"),
+        tokenizer=TokenizerSettings(name="t"),
+        generation=GenerationSettings(),
+        limit=None,
+        shard_size=10,
+        expected_model="m",
+        bf16_kv_bytes_per_token=512,
+    )
+    dumped = frozen.model_dump(mode="json", by_alias=True)
+    del dumped["kv_heads"]
+    del dumped["tokenizer"]["chat_template"]
+    earlier = hashlib.sha256(orjson.dumps(dumped, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
+    assert frozen.fingerprint() == earlier
+    assert frozen.model_copy(update={"kv_heads": 2}).fingerprint() != earlier
 
 
 # --- ids in the embedding's padding ---------------------------------------------------------

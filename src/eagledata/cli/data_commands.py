@@ -8,6 +8,7 @@ from typing import Annotated, Any
 import typer
 
 from eagledata.cli.shell import (
+    ChatTemplateOpt,
     ConcurrencyOpt,
     ConfigOpt,
     ModelOpt,
@@ -16,6 +17,7 @@ from eagledata.cli.shell import (
     finish_run,
     guarded,
     load_app_config,
+    read_chat_template,
 )
 
 
@@ -36,6 +38,7 @@ def generate(
     tokenizer: Annotated[
         str | None, typer.Option(metavar="NAME|DIR", help="Tokenizer hub id or local dir")
     ] = None,
+    chat_template: ChatTemplateOpt = None,
     out: Annotated[
         Path | None, typer.Option("--out", "-o", metavar="DIR", help="Run directory")
     ] = None,
@@ -72,6 +75,7 @@ def generate(
         "canary.baseline": str(canary_baseline) if canary_baseline else None,
         "server.urls": server or None,
         "tokenizer.name": tokenizer,
+        "tokenizer.chat_template": guarded(lambda: read_chat_template(chat_template)),
         "run.limit": limit,
         "generation.max_new_tokens": max_new_tokens,
         "generation.samples_per_prompt": samples,
@@ -129,13 +133,18 @@ def canary(
     tokenizer: Annotated[
         str | None, typer.Option(metavar="NAME|DIR", help="Tokenizer hub id or local dir")
     ] = None,
+    chat_template: ChatTemplateOpt = None,
 ) -> None:
     """Record a canary baseline from a server you trust (for --canary-baseline), or score a
     server against one (--against; docs/quality.md, calibration)."""
     from eagledata.errors import ConfigError
     from eagledata.quality.canary_cli import record_baseline, score_against
 
-    overrides: dict[str, Any] = {"server.urls": server or None, "tokenizer.name": tokenizer}
+    overrides: dict[str, Any] = {
+        "server.urls": server or None,
+        "tokenizer.name": tokenizer,
+        "tokenizer.chat_template": guarded(lambda: read_chat_template(chat_template)),
+    }
     if server:
         overrides["server.simulated.enabled"] = False
 

@@ -19,7 +19,7 @@ from eagledata.config import (
     default_config_path,
     load_config,
 )
-from eagledata.errors import EagledataError
+from eagledata.errors import ConfigError, EagledataError
 
 T = TypeVar("T")
 
@@ -77,6 +77,16 @@ ModelOpt = Annotated[
         "file read with it (--config, $EAGLEDATA_CONFIG) still overrides each of them",
     ),
 ]
+ChatTemplateOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--chat-template",
+        metavar="FILE",
+        help="A Jinja chat template instead of the tokenizer's own (a model without one); "
+        "frozen with the run",
+        dir_okay=False,
+    ),
+]
 ProfilesDirOpt = Annotated[
     Path | None,
     typer.Option(
@@ -91,6 +101,7 @@ FLAG_NAMES = {
     "canary.baseline": "--canary-baseline",
     "server.urls": "--server",
     "tokenizer.name": "--tokenizer",
+    "tokenizer.chat_template": "--chat-template",
     "run.limit": "--limit",
     "generation.max_new_tokens": "--max-new-tokens",
     "generation.samples_per_prompt": "--samples",
@@ -119,6 +130,19 @@ def model_settings(model: str | None) -> dict[str, Any]:
     from eagledata.profiles.target import resolve_target
 
     return resolve_target(model).settings()
+
+
+def read_chat_template(path: Path | None) -> str | None:
+    """The text of ``--chat-template FILE``; ``ConfigError`` naming the file if unreadable."""
+    if path is None:
+        return None
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise ConfigError(f"--chat-template {path}: cannot read it: {error}") from None
+    if not text.strip():
+        raise ConfigError(f"--chat-template {path}: the file is empty")
+    return text
 
 
 def load_app_config(

@@ -5,7 +5,8 @@ found in the local Hugging Face cache (never downloaded: a name not in the cache
 naming the fix). From it come the settings a run needs of its model, so no config file is edited
 for a new one:
 
-* ``tokenizer.name``: the folder itself (its tokenizer and chat template);
+* ``tokenizer.name``: the folder itself (its tokenizer and chat template), and the template's
+  thinking switch turned on (``enable_thinking`` or ``thinking``, by family) where it has one;
 * ``server.expected_model``: what the server must report as its ``model_path`` (the hub name, or
   the folder: ``server/verdict.py`` compares a folder with the server's path sensibly);
 * ``server.bf16_kv_bytes_per_token`` and ``server.kv_heads``: one token's bf16 KV cell as SGLang
@@ -18,6 +19,7 @@ flag overrides the file.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +36,9 @@ TOKENIZER_FILES = (
     "vocab.json",
 )
 """Any of these in a model folder is a tokenizer ``AutoTokenizer`` may load."""
+
+THINKING_SWITCHES = ("enable_thinking", "thinking")
+"""The chat-template variables that turn a model's thinking on or off, most specific first."""
 
 
 @dataclass(frozen=True)
@@ -74,6 +79,38 @@ class TargetModel:
         auto_map = found.get("auto_map") if isinstance(found, dict) else None
         return isinstance(auto_map, dict) and "AutoTokenizer" in auto_map
 
+    @property
+    def chat_template(self) -> str | None:
+        """The model's own chat template: ``chat_template.jinja`` beside the tokenizer, else
+        ``tokenizer_config.json``'s ``chat_template`` (a string, or the ``default`` of a named
+        list), as ``transformers`` loads it; None when the model has none."""
+        jinja = self.path / "chat_template.jinja"
+        if jinja.is_file():
+            return jinja.read_text(encoding="utf-8")
+        found = _read_json(self.path / "tokenizer_config.json")
+        template = found.get("chat_template") if isinstance(found, dict) else None
+        if isinstance(template, list):
+            named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+            template = named.get("default")
+        return template if isinstance(template, str) and template else None
+
+    @property
+    def thinking_switch(self) -> str | None:
+        """The template variable that turns thinking on or off, by model family: Qwen3 and GLM
+        spell it ``enable_thinking``, Kimi-K2.5 and DeepSeek-V3.1 ``thinking``; None when the
+        template has no switch (it always or never thinks, or has no think block)."""
+        template = self.chat_template
+        if template is None:
+            return None
+        code = " ".join(
+            re.sub(r"'[^']*'|\"[^\"]*\"", "''", block)  # names in the template's code, not its text
+            for block in re.findall(r"\{%.*?%\}|\{\{.*?\}\}", template, flags=re.DOTALL)
+        )
+        for switch in THINKING_SWITCHES:
+            if re.search(rf"(?<![\w.]){switch}(?!\w)", code):
+                return switch
+        return None
+
     def settings(self) -> dict[str, Any]:
         """The settings the model gives a run (dotted keys), beneath the config file's."""
         found: dict[str, Any] = {
@@ -82,6 +119,10 @@ class TargetModel:
         }
         if self.trust_remote_code:
             found["tokenizer.trust_remote_code"] = True
+        switch = self.thinking_switch
+        if switch is not None:
+            # thinking on: the drafter must learn the reasoning tokens the target writes
+            found["tokenizer.chat_template_kwargs"] = {switch: True}
         if self.kv.guard_bytes_per_token is not None:
             found["server.bf16_kv_bytes_per_token"] = self.kv.guard_bytes_per_token
             if self.kv.attention == "mha":

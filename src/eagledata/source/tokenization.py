@@ -81,9 +81,13 @@ class PromptTokenizer:
                 f"cannot load tokenizer {settings.name!r}: {first}; pass --tokenizer with a local "
                 "directory or a reachable hub id"
             ) from None
+        if settings.chat_template is not None:
+            self._tokenizer.chat_template = settings.chat_template
         if not getattr(self._tokenizer, "chat_template", None):
             raise TokenizerError(
-                f"tokenizer {settings.name!r} has no chat template; use the model's own tokenizer"
+                f"tokenizer {settings.name!r} has no chat template (neither chat_template.jinja "
+                "nor one in tokenizer_config.json); pass --chat-template FILE with the Jinja "
+                "template the model was trained with, or set [tokenizer] chat_template"
             )
 
     @property
