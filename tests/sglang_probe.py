@@ -26,6 +26,16 @@ stdin) says what to check; the report (JSON, ``--out``) says what the release ma
              ``TokenizerMetricsCollector`` register (family and sample names).
 ``kv_flags`` true: every option of the parser that sets a KV cache dtype, its choices, and the
              shortest prefix argparse takes for it.
+``kv_cells`` ``{name: {config, tp, dcp, swa_full_tokens_ratio}}`` (0.5.23): one token's KV cell in
+             bytes on one rank, by the release's own arithmetic: its ``ModelConfig`` reads the
+             ``config.json`` (its ``quantization_config`` left out: the weights' format does not
+             shape the KV cell, and the CPU build registers no mxfp4), its
+             ``resolve_layer_indices`` counts the layers, and its pool configurator sizes the
+             cell (``DefaultPoolConfigurator._compute_cell_size``, or a
+             ``HybridSWAPoolConfigurator`` for a sliding-window hybrid) in bf16. What a running
+             server would publish (the parallel layout, the schedule and memory settings) and the
+             KV-cache configurator's own inputs are stand-ins holding only the fields the sizing
+             reads; the arithmetic is the release's.
 
 Modules that cannot be imported on a CPU machine are stubbed, and only these four (each found by
 a real ImportError in one of the three releases):
@@ -633,6 +643,82 @@ def metric_names(module: types.ModuleType) -> dict[str, Any]:
 # --- the run ----------------------------------------------------------------------------------
 
 
+def kv_cells(jobs: dict[str, Any]) -> dict[str, Any]:
+    """SGLang 0.5.23's KV cell per token for each ``config.json`` of ``jobs`` (the module
+    docstring, ``kv_cells``)."""
+    import tempfile
+    from types import SimpleNamespace as Bag
+
+    import torch
+    from sglang.srt.configs.model_config import AttentionArch, ModelConfig
+    from sglang.srt.layers.cp import utils as cp_utils
+    from sglang.srt.model_executor import pool_configurator as pools
+    from sglang.srt.model_executor.model_runner_components.layer_setup import (
+        resolve_layer_indices,
+    )
+
+    results: dict[str, Any] = {}
+    for name, job in jobs.items():
+        out: dict[str, Any] = {}
+        with captured(out), tempfile.TemporaryDirectory() as folder:
+            config = {k: v for k, v in job["config"].items() if k != "quantization_config"}
+            (Path(folder) / "config.json").write_text(json.dumps(config))
+            tp, dcp = int(job.get("tp", 1)), int(job.get("dcp", 1))
+            ratio = job.get("swa_full_tokens_ratio")
+            parallel = Bag(attn_tp_size=tp, attn_dcp_size=dcp, attn_cp_size=1,
+                           enable_dsa_cache_layer_split=False)  # fmt: skip
+            schedule = Bag(swa_full_tokens_ratio=0.8 if ratio is None else float(ratio),
+                           _swa_full_tokens_ratio_explicitly_set=ratio is not None,
+                           max_total_tokens=None)  # fmt: skip
+            memory = Bag(enable_unified_memory=False, enable_hisparse=False)
+            saved = (pools.get_parallel, pools.get_schedule, pools.get_memory,
+                     cp_utils.get_parallel)  # fmt: skip
+            # the accessors restored below, after this job: each binds this job's bags
+            pools.get_parallel = cp_utils.get_parallel = lambda bag=parallel: bag
+            pools.get_schedule = lambda bag=schedule: bag
+            pools.get_memory = lambda bag=memory: bag
+            try:
+                model = ModelConfig(folder, trust_remote_code=False)
+                layers = resolve_layer_indices(
+                    model=Bag(), model_config=model, is_draft_worker=False
+                )
+                no_spec = Bag(is_eagle=lambda: False, is_standalone=lambda: False,
+                              is_dflash_family=lambda: False)  # fmt: skip
+                kvc = Bag(model_config=model, kv_cache_dtype=torch.bfloat16,
+                          kv_cache_dtype_str="bf16", layer_info=layers,
+                          server_args=Bag(enable_hisparse=False),
+                          use_mla_backend=model.attention_arch == AttentionArch.MLA,
+                          is_draft_worker=False, pp_size=1, spec_algorithm=no_spec,
+                          spec_aux_config=Bag(eagle_draft_num_layers=None),
+                          fused_entry_bytes=lambda kind: None,
+                          dflash_draft_cell_size_per_token=None,
+                          sliding_window_size=model.sliding_window_size, page_size=1)  # fmt: skip
+                if model.is_hybrid_swa:
+                    hybrid = pools.HybridSWAPoolConfigurator(kvc)
+                    cell, configurator = hybrid._cell_size, "HybridSWAPoolConfigurator"
+                else:
+                    default = pools.DefaultPoolConfigurator.__new__(pools.DefaultPoolConfigurator)
+                    default.kv_cache_dtype_str = "bf16"
+                    cell = default._compute_cell_size(kvc, layers.num_effective_layers)
+                    configurator = "DefaultPoolConfigurator"
+                out.update(
+                    cell_size=float(cell),
+                    configurator=configurator,
+                    attention_arch=model.attention_arch.name,
+                    layers=layers.num_effective_layers,
+                    full_layers=len(layers.full_attention_layer_ids or []),
+                    swa_layers=len(layers.swa_attention_layer_ids or []),
+                )
+            except Exception as exc:
+                out["error"] = error_text(exc)
+                out["traceback"] = traceback.format_exc()[-3000:]
+            finally:
+                (pools.get_parallel, pools.get_schedule, pools.get_memory,
+                 cp_utils.get_parallel) = saved  # fmt: skip
+        results[name] = out
+    return results
+
+
 def main() -> int:
     cli = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     cli.add_argument("--release-dir", required=True, type=Path)
@@ -673,6 +759,10 @@ def main() -> int:
         mark = time.perf_counter()
         report["bodies"] = check_bodies(job["bodies"], int(job.get("vocab_size", 163840)))
         timings["bodies"] = round(time.perf_counter() - mark, 2)
+    if job.get("kv_cells"):
+        mark = time.perf_counter()
+        report["kv_cells"] = kv_cells(job["kv_cells"])
+        timings["kv_cells"] = round(time.perf_counter() - mark, 2)
     if job.get("metrics"):
         mark = time.perf_counter()
         report["metrics"] = metric_names(module)

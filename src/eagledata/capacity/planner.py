@@ -46,7 +46,11 @@ def plan_deployment(
     servers: int = 1,
 ) -> PlanRow:
     """The plan for one deployment (``servers`` of it); pure arithmetic, no I/O."""
-    cell = model.cell_bytes(deployment.kv_cache_dtype, attn_tp_size=deployment.attn_tp_size)
+    cell = model.cell_bytes(
+        deployment.kv_cache_dtype,
+        attn_tp_size=deployment.attn_tp_size,
+        dcp_size=deployment.dcp_size,
+    )
     gib = kv_gib_per_rank(hardware, deployment)
     per_rank = kv_tokens_per_rank(hardware, deployment, cell)
     notes: list[str] = []

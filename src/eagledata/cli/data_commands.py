@@ -8,13 +8,16 @@ from typing import Annotated, Any
 import typer
 
 from eagledata.cli.shell import (
+    ChatTemplateOpt,
     ConcurrencyOpt,
     ConfigOpt,
+    ModelOpt,
     ProgressOpt,
     ServerOpt,
     finish_run,
     guarded,
     load_app_config,
+    read_chat_template,
 )
 
 
@@ -30,10 +33,12 @@ def generate(
         ),
     ],
     config: ConfigOpt = None,
+    model: ModelOpt = None,
     server: ServerOpt = None,
     tokenizer: Annotated[
         str | None, typer.Option(metavar="NAME|DIR", help="Tokenizer hub id or local dir")
     ] = None,
+    chat_template: ChatTemplateOpt = None,
     out: Annotated[
         Path | None, typer.Option("--out", "-o", metavar="DIR", help="Run directory")
     ] = None,
@@ -70,6 +75,7 @@ def generate(
         "canary.baseline": str(canary_baseline) if canary_baseline else None,
         "server.urls": server or None,
         "tokenizer.name": tokenizer,
+        "tokenizer.chat_template": guarded(lambda: read_chat_template(chat_template)),
         "run.limit": limit,
         "generation.max_new_tokens": max_new_tokens,
         "generation.samples_per_prompt": samples,
@@ -80,7 +86,7 @@ def generate(
         overrides["server.simulated.enabled"] = False
     summary = guarded(
         lambda: pipeline.generate(
-            load_app_config(config, overrides), dataset, out, progress=progress
+            load_app_config(config, overrides, model), dataset, out, progress=progress
         )
     )
     finish_run(summary)
@@ -122,25 +128,31 @@ def canary(
     ] = None,
     checks: Annotated[int, typer.Option(help="With --against: how many checks")] = 6,
     config: ConfigOpt = None,
+    model: ModelOpt = None,
     server: ServerOpt = None,
     tokenizer: Annotated[
         str | None, typer.Option(metavar="NAME|DIR", help="Tokenizer hub id or local dir")
     ] = None,
+    chat_template: ChatTemplateOpt = None,
 ) -> None:
     """Record a canary baseline from a server you trust (for --canary-baseline), or score a
     server against one (--against; docs/quality.md, calibration)."""
     from eagledata.errors import ConfigError
     from eagledata.quality.canary_cli import record_baseline, score_against
 
-    overrides: dict[str, Any] = {"server.urls": server or None, "tokenizer.name": tokenizer}
+    overrides: dict[str, Any] = {
+        "server.urls": server or None,
+        "tokenizer.name": tokenizer,
+        "tokenizer.chat_template": guarded(lambda: read_chat_template(chat_template)),
+    }
     if server:
         overrides["server.simulated.enabled"] = False
 
     def act() -> str:
         if against is not None:
-            return score_against(load_app_config(config, overrides), against, checks, out)
+            return score_against(load_app_config(config, overrides, model), against, checks, out)
         if dataset is None:
             raise ConfigError("canary: pass --dataset NAME to record a baseline, or --against FILE")
-        return record_baseline(load_app_config(config, overrides), dataset, out)
+        return record_baseline(load_app_config(config, overrides, model), dataset, out)
 
     typer.echo(guarded(act))

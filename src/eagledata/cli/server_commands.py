@@ -9,6 +9,7 @@ import typer
 
 from eagledata.cli.shell import (
     ConfigOpt,
+    ModelOpt,
     ProfilesDirOpt,
     ServerOpt,
     auth_headers,
@@ -22,6 +23,7 @@ from eagledata.config import ServerSettings
 def check_server(
     url: Annotated[str, typer.Argument(help="Server URL, e.g. http://127.0.0.1:30000")],
     config: ConfigOpt = None,
+    model: ModelOpt = None,
     expected_model: Annotated[str | None, typer.Option(help="Refuse another model")] = None,
     bf16_bytes_per_token: Annotated[
         int | None, typer.Option(help="The model's bf16 KV bytes/token (Kimi-K2.5: 70272)")
@@ -34,7 +36,7 @@ def check_server(
     from eagledata.server.readiness import check_running_server
 
     def check() -> tuple[Any, Any]:
-        server = server_settings(config)
+        server = server_settings(config, model)
         with httpx.Client(
             timeout=httpx.Timeout(30.0, connect=5.0), headers=auth_headers(server)
         ) as http:
@@ -43,6 +45,7 @@ def check_server(
                 url.rstrip("/"),
                 expected_model=expected_model or server.expected_model,
                 bf16_bytes_per_token=bf16_bytes_per_token or server.bf16_kv_bytes_per_token,
+                kv_heads=None if bf16_bytes_per_token else server.kv_heads,
                 api_key_env=server.api_key_env,
             )
 

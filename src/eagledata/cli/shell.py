@@ -12,8 +12,14 @@ from typing import Annotated, Any, TypeVar
 import typer
 
 from eagledata.cli.interrupts import EXIT_INTERRUPTED, hand_back
-from eagledata.config import AppConfig, ServerSettings, default_config_path, load_config
-from eagledata.errors import EagledataError
+from eagledata.config import (
+    DEFAULT_CONFIG_ENV,
+    AppConfig,
+    ServerSettings,
+    default_config_path,
+    load_config,
+)
+from eagledata.errors import ConfigError, EagledataError
 
 T = TypeVar("T")
 
@@ -60,6 +66,27 @@ ConcurrencyOpt = Annotated[
         "fixed cap",
     ),
 ]
+ModelOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--model",
+        "-m",
+        metavar="DIR|NAME",
+        help="The target model: its folder (config.json and tokenizer files) or a hub name in the "
+        "local cache. Gives the tokenizer, the expected model and the KV bytes per token; a config "
+        "file read with it (--config, $EAGLEDATA_CONFIG) still overrides each of them",
+    ),
+]
+ChatTemplateOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--chat-template",
+        metavar="FILE",
+        help="A Jinja chat template instead of the tokenizer's own (a model without one); "
+        "frozen with the run",
+        dir_okay=False,
+    ),
+]
 ProfilesDirOpt = Annotated[
     Path | None,
     typer.Option(
@@ -74,6 +101,7 @@ FLAG_NAMES = {
     "canary.baseline": "--canary-baseline",
     "server.urls": "--server",
     "tokenizer.name": "--tokenizer",
+    "tokenizer.chat_template": "--chat-template",
     "run.limit": "--limit",
     "generation.max_new_tokens": "--max-new-tokens",
     "generation.samples_per_prompt": "--samples",
@@ -83,17 +111,59 @@ FLAG_NAMES = {
 """The flag that sets each override, so a bad value is blamed on the flag, not the file."""
 
 
-def load_app_config(config_path: Path | None, overrides: dict[str, Any]) -> AppConfig:
-    return load_config(config_path or default_config_path(), overrides, FLAG_NAMES)
+def config_path_for(config_path: Path | None, model: str | None) -> Path | None:
+    """The config file a command reads: ``--config``; else ``$EAGLEDATA_CONFIG``; else, without
+    ``--model``, ``./configs/eagledata.toml`` or the shipped one (both are the Kimi-K2.5
+    reference job's). With ``--model`` and neither named, no file: the model says the rest."""
+    if config_path is not None:
+        return config_path
+    if model is not None:
+        env = os.environ.get(DEFAULT_CONFIG_ENV)
+        return Path(env) if env else None
+    return default_config_path()
 
 
-def server_settings(config_path: Path | None) -> ServerSettings:
-    """The config's server settings (the model and bf16 bytes/token the guard expects, the
-    API key's variable), the defaults when there is no config."""
-    path = config_path or default_config_path()
+def model_settings(model: str | None) -> dict[str, Any]:
+    """What ``--model`` gives a run (dotted keys, beneath the config file's own)."""
+    if model is None:
+        return {}
+    from eagledata.profiles.target import resolve_target
+
+    return resolve_target(model).settings()
+
+
+def read_chat_template(path: Path | None) -> str | None:
+    """The text of ``--chat-template FILE``; ``ConfigError`` naming the file if unreadable."""
     if path is None:
+        return None
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise ConfigError(f"--chat-template {path}: cannot read it: {error}") from None
+    if not text.strip():
+        raise ConfigError(f"--chat-template {path}: the file is empty")
+    return text
+
+
+def load_app_config(
+    config_path: Path | None, overrides: dict[str, Any], model: str | None = None
+) -> AppConfig:
+    return load_config(
+        config_path_for(config_path, model), overrides, FLAG_NAMES, model_settings(model)
+    )
+
+
+def server_settings(config_path: Path | None, model: str | None = None) -> ServerSettings:
+    """The config's server settings (the model and bf16 bytes/token the guard expects, the
+    API key's variable) over what ``--model`` says, the defaults when there is neither."""
+    path = config_path_for(config_path, model)
+    defaults = model_settings(model)
+    if path is None and not defaults:
         return ServerSettings()
-    return load_config(path).server
+    server_keys = {k: v for k, v in defaults.items() if k.startswith("server.")}
+    # the tokenizer is not read here: only [server] is wanted of the file
+    placeholder = {"tokenizer.name": "-"}
+    return load_config(path, defaults=server_keys | placeholder).server
 
 
 def auth_headers(server: ServerSettings) -> dict[str, str]:

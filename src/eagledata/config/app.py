@@ -57,6 +57,11 @@ class MixMember(Strict):
     share: float | None = Field(None, gt=0.0, le=1.0, description="Take this share of its rows")
 
 
+LATER_SETTINGS = ("kv_heads",)
+"""Frozen settings added after runs were first made: absent from a fingerprint when unset."""
+LATER_TOKENIZER_SETTINGS = ("chat_template",)
+
+
 class FrozenSettings(Strict):
     """Everything that shapes the data of a run. Changing any of it would mix two datasets.
 
@@ -74,6 +79,7 @@ class FrozenSettings(Strict):
     shard_size: int
     expected_model: str | None
     bf16_kv_bytes_per_token: int | None
+    kv_heads: int | None = None
 
     @classmethod
     def of(
@@ -92,6 +98,7 @@ class FrozenSettings(Strict):
             shard_size=config.run.shard_size,
             expected_model=config.server.expected_model,
             bf16_kv_bytes_per_token=config.server.bf16_kv_bytes_per_token,
+            kv_heads=config.server.kv_heads,
         )
 
     def members(self) -> list[MixMember]:
@@ -103,7 +110,16 @@ class FrozenSettings(Strict):
         return [MixMember(name=self.dataset_name, dataset=self.dataset)]
 
     def fingerprint(self) -> str:
-        blob = orjson.dumps(
-            self.model_dump(mode="json", by_alias=True), option=orjson.OPT_SORT_KEYS
-        )
+        """The settings' hash; a setting added since runs were first made counts only when
+        set, so a run made before it keeps its fingerprint."""
+        dumped = self.model_dump(mode="json", by_alias=True)
+        for key in LATER_SETTINGS:
+            if dumped.get(key) is None:
+                dumped.pop(key, None)
+        tokenizer = dumped.get("tokenizer")
+        if isinstance(tokenizer, dict):
+            for key in LATER_TOKENIZER_SETTINGS:
+                if tokenizer.get(key) is None:
+                    tokenizer.pop(key, None)
+        blob = orjson.dumps(dumped, option=orjson.OPT_SORT_KEYS)
         return hashlib.sha256(blob).hexdigest()[:16]

@@ -15,6 +15,11 @@ class TokenizerSettings(Strict):
     revision: str | None = None
     trust_remote_code: bool = False
     chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
+    chat_template: str | None = Field(
+        None,
+        description="A Jinja chat template used instead of the tokenizer's own (for a model "
+        "without one; generate --chat-template FILE reads it from a file)",
+    )
 
 
 Turns = Literal["last", "all"]

@@ -48,11 +48,15 @@ def load_config(
     path: Path | None,
     overrides: dict[str, Any] | None = None,
     flag_names: Mapping[str, str] | None = None,
+    defaults: Mapping[str, Any] | None = None,
 ) -> AppConfig:
     """Load a TOML config, apply dotted-key overrides (CLI flags), validate strictly.
 
     ``flag_names`` maps an override's key to the flag that set it (``run.concurrency`` ->
     ``--concurrency``): a bad value is then blamed on the flag, not on the config file.
+
+    ``defaults`` (dotted keys: what ``--model`` says of the model) lie beneath the file: a key
+    the file sets wins over them, and a flag over both.
 
     Relative paths inside the file resolve against the current directory; shipped assets are
     named ``bundled:...`` so the demo config works from any directory.
@@ -67,6 +71,12 @@ def load_config(
             raise ConfigError(f"{path}: invalid TOML: {exc}") from None
         except (OSError, UnicodeDecodeError) as exc:
             raise ConfigError(f"{path}: cannot read config: {exc}") from None
+    for dotted, value in (defaults or {}).items():
+        node = raw
+        *parents, leaf = dotted.split(".")
+        for key in parents:
+            node = node.setdefault(key, {})
+        node.setdefault(leaf, value)
     for dotted, value in (overrides or {}).items():
         if value is None:
             continue
@@ -76,7 +86,9 @@ def load_config(
             node = node.setdefault(key, {})
         node[leaf] = value
     if "tokenizer" not in raw:
-        raise ConfigError("tokenizer.name: missing; set it in the config or pass --tokenizer")
+        raise ConfigError(
+            "tokenizer.name: missing; pass --model DIR (or --tokenizer), or set it in the config"
+        )
     try:
         config = AppConfig.model_validate(raw)
     except ValidationError as exc:

@@ -25,6 +25,13 @@ class ServerSettings(Strict):
     bf16_kv_bytes_per_token: int | None = Field(
         None, ge=1, description="The model's bf16 KV bytes/token (Kimi-K2.5: 70272)"
     )
+    kv_heads: int | None = Field(
+        None,
+        ge=1,
+        description="The model's KV heads when attention TP splits its KV cell (MHA/GQA): the "
+        "guard divides bf16_kv_bytes_per_token over a server's TP ranks as SGLang does; unset "
+        "for MLA, whose latent every rank keeps whole",
+    )
     connect_timeout_s: float = Field(10.0, gt=0)
     request_timeout_s: float = Field(
         3600.0, gt=0, description="A request's whole life, connect to last byte (not per read)"

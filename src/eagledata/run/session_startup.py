@@ -81,6 +81,7 @@ class SessionStartup(SessionItems):
             api_key_env=server.api_key_env,
             # an answer's ids are checked against the vocabulary before anything reads them
             vocab_size=None if tokenizer is None else tokenizer.vocab_size,
+            embedding_rows=None if tokenizer is None else tokenizer.embedding_rows,
         )
 
     async def _contact_servers(
@@ -93,6 +94,7 @@ class SessionStartup(SessionItems):
             client,
             expected_model=self.frozen.expected_model,
             bf16_bytes_per_token=self.frozen.bf16_kv_bytes_per_token,
+            kv_heads=self.frozen.kv_heads,
             check_log=files.check_log,
         )
         parts = SessionParts(

@@ -60,6 +60,7 @@ def generate_answer(
     *,
     max_new_tokens: int | None = None,
     vocab_size: int | None = None,
+    embedding_rows: int | None = None,
 ) -> GenerateResult:
     """A production ``/generate`` answer: a result that keeps the token contract, or an error."""
     if status == 200:
@@ -68,7 +69,13 @@ def generate_answer(
         except orjson.JSONDecodeError:
             raise ContractViolationError("response body is not JSON") from None
         return parse_generate_item(
-            item, input_ids, rid, url, max_new_tokens=max_new_tokens, vocab_size=vocab_size
+            item,
+            input_ids,
+            rid,
+            url,
+            max_new_tokens=max_new_tokens,
+            vocab_size=vocab_size,
+            embedding_rows=embedding_rows,
         )
     message = error_message(content)
     if status in (401, 403):
@@ -86,8 +93,10 @@ def canary_answer(
     url: str, status: int, content: bytes, api_key_env: str, vocab_size: int | None = None
 ) -> dict[str, Any]:
     """A canary's ``/generate`` answer as parsed JSON (no token contract: the canary checks
-    what it asked for), its ``output_ids`` inside the vocabulary. ``ServerUnavailableError`` on
-    5xx, ``ServerError`` on a refusal (4xx) or an answer that cannot be one."""
+    what it asked for), its ``output_ids`` inside the vocabulary (the model's embedding, when
+    known: the canary compares ids, never decodes them, so a padding row is an id like any).
+    ``ServerUnavailableError`` on 5xx, ``ServerError`` on a refusal (4xx) or an answer that
+    cannot be one."""
     if status in (401, 403):
         raise auth_error(url, status, api_key_env)
     if status >= 500:

@@ -103,9 +103,11 @@ class SGLangClient(ControlCalls):
         api_key_env: str = "SGLANG_API_KEY",
         health_poll_s: float = 2.0,
         vocab_size: int | None = None,
+        embedding_rows: int | None = None,
     ) -> None:
         """``vocab_size`` is the tokenizer's: an answer holding an id outside it is a contract
-        violation (None: ids are only checked to be non-negative integers)."""
+        violation (None: ids are only checked to be non-negative integers); ``embedding_rows``
+        the model's embedding, when known: an id between the two is named a padding row."""
         if not urls:
             raise ServerError("no server URL given; pass --server URL")
         self.endpoints = [Endpoint(url.rstrip("/")) for url in urls]
@@ -120,6 +122,7 @@ class SGLangClient(ControlCalls):
         self._health_poll_s = health_poll_s
         self.request_timeout_s = request_timeout_s
         self.vocab_size = vocab_size
+        self.embedding_rows = embedding_rows
         self._recovering = asyncio.Lock()
         self.rank_pins: dict[str, tuple[str, ...]] = {}
         """Per server, the ``/generate`` field(s) that pin a DP rank
@@ -273,6 +276,7 @@ class SGLangClient(ControlCalls):
             self._api_key_env,
             max_new_tokens=sampling_params.get("max_new_tokens"),
             vocab_size=self.vocab_size,
+            embedding_rows=self.embedding_rows,
         )
 
     def pinned(self, url: str, body: dict[str, Any], rank: int) -> dict[str, Any]:
@@ -313,7 +317,8 @@ class SGLangClient(ControlCalls):
             raise ServerUnavailableError(f"{url}: /generate failed ({exc!r})") from None
         finally:
             self._leave_gate(entry)
-        return canary_answer(url, status, content, self._api_key_env, self.vocab_size)
+        canary_vocab = max(self.vocab_size or 0, self.embedding_rows or 0) or None
+        return canary_answer(url, status, content, self._api_key_env, canary_vocab)
 
     # --- recovery: servers marked down, probed until one answers -----------------------------
 

@@ -35,11 +35,13 @@ class KVGuard:
         *,
         expected_model: str | None,
         bf16_bytes_per_token: int | None,
+        kv_heads: int | None = None,
         check_log: CheckLog | None = None,
     ) -> None:
         self.client = client
         self.expected_model = expected_model
         self.bf16_bytes_per_token = bf16_bytes_per_token
+        self.kv_heads = kv_heads
         self.check_log = check_log
         self.facts: dict[str, ServerFacts] = {}
         self.workers: dict[str, list[str]] = {}
@@ -118,6 +120,7 @@ class KVGuard:
             facts,
             expected_model=self.expected_model,
             bf16_bytes_per_token=self.bf16_bytes_per_token,
+            kv_heads=self.kv_heads,
         )
         self._log(url, facts, verdict, via)
         if not verdict.ok:

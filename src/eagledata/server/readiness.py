@@ -111,13 +111,17 @@ def check_running_server(
     *,
     expected_model: str | None,
     bf16_bytes_per_token: int | None,
+    kv_heads: int | None = None,
     expected_version: str | None = None,
     api_key_env: str = "SGLANG_API_KEY",
 ) -> tuple[ServerFacts, GuardVerdict]:
     """Fetch ``/server_info`` and judge it (what ``check-server`` needs)."""
     facts = ServerFacts.from_server_info(fetch_server_info(client, base_url, api_key_env))
     verdict = evaluate_kv_guard(
-        facts, expected_model=expected_model, bf16_bytes_per_token=bf16_bytes_per_token
+        facts,
+        expected_model=expected_model,
+        bf16_bytes_per_token=bf16_bytes_per_token,
+        kv_heads=kv_heads,
     )
     if expected_version and facts.version and facts.version != expected_version:
         note = (

@@ -104,9 +104,19 @@ def response_bound(request: dict[str, Any]) -> int:
     return bound
 
 
-def check_token_ids(ids: list[Any], vocab_size: int | None, what: str = "output_ids") -> None:
+def check_token_ids(
+    ids: list[Any],
+    vocab_size: int | None,
+    what: str = "output_ids",
+    *,
+    embedding_rows: int | None = None,
+) -> None:
     """Every id an int inside the tokenizer's vocabulary ``[0, vocab_size)``: nothing
-    downstream (the quality flags decode them, the trainer embeds them) can take another."""
+    downstream (the quality flags decode them, the trainer embeds them) can take another.
+
+    Real models pad their embedding past the tokenizer (``embedding_rows``, the model's
+    ``vocab_size``), and a server can sample a padding row: such an id has no text, so it is
+    named as what it is, apart from an id the model itself cannot hold."""
     # the common case at C speed (an answer may hold thousands of ids); the first offender
     # is looked for only when there is one
     if not ids or (
@@ -121,6 +131,21 @@ def check_token_ids(ids: list[Any], vocab_size: int | None, what: str = "output_
                 f"{what}[{position}] is {_shown(token)}, not an integer token id"
             )
         if token < 0 or (vocab_size is not None and token >= vocab_size):
+            if vocab_size is not None and embedding_rows is not None:
+                if vocab_size <= token < embedding_rows:
+                    raise ContractViolationError(
+                        f"{what}[{position}] is {token}: a padding row of the model's embedding "
+                        f"(vocab_size {embedding_rows}) past the tokenizer's {vocab_size} "
+                        "tokens; it has no text: the model is not trained or the server is "
+                        "misconfigured",
+                        reason="padding_id",
+                    )
+                if token >= embedding_rows:
+                    raise ContractViolationError(
+                        f"{what}[{position}] is {token}, outside the model's embedding "
+                        f"(vocab_size {embedding_rows}) and the tokenizer's vocabulary "
+                        f"[0, {vocab_size})"
+                    )
             bound = f"[0, {vocab_size})" if vocab_size is not None else "[0, ...)"
             raise ContractViolationError(
                 f"{what}[{position}] is {token}, outside the tokenizer's vocabulary {bound}"
@@ -152,6 +177,7 @@ def parse_generate_item(
     *,
     max_new_tokens: int | None = None,
     vocab_size: int | None = None,
+    embedding_rows: int | None = None,
 ) -> GenerateResult:
     """Check one ``/generate`` item against the token contract (invariant 1) before anything
     reads it: the counts, every id inside the vocabulary (``vocab_size``, the tokenizer's), no
@@ -190,7 +216,7 @@ def parse_generate_item(
             f"server returned {completion_tokens} ids, {max_new_tokens} were asked for "
             "(max_new_tokens)"
         )
-    check_token_ids(output_ids, vocab_size)
+    check_token_ids(output_ids, vocab_size, embedding_rows=embedding_rows)
     text = item.get("text")
     if not isinstance(text, str):
         text = ""
@@ -201,7 +227,9 @@ def parse_generate_item(
         )
     matched = finish.get("matched") if kind == "stop" and isinstance(finish, dict) else None
     if type(matched) is int:
-        check_token_ids([matched], vocab_size, "finish_reason.matched")
+        check_token_ids(
+            [matched], vocab_size, "finish_reason.matched", embedding_rows=embedding_rows
+        )
     elif not isinstance(matched, str):
         matched = None
     latency = meta.get("e2e_latency")

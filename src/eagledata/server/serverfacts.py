@@ -191,6 +191,17 @@ class ServerFacts(_Facts):
         return bool(self.enable_dp_attention) or (self.attn_dp_size or 1) > 1
 
     @property
+    def attn_tp_size(self) -> int:
+        """Ranks one request's attention is split over: the TP size, divided by the attention
+        DP width under DP attention (``attn_dp_size`` in 0.5.23, ``dp_size`` before)."""
+        tp = max(1, self.tp_size or 1)
+        if (self.attn_dp_size or 1) > 1:
+            return max(1, tp // (self.attn_dp_size or 1))
+        if self.enable_dp_attention:
+            return max(1, tp // max(1, self.dp_size or 1))
+        return tp
+
+    @property
     def dp_ranks(self) -> int:
         """The DP ranks (attention ranks or replicas) a request can be pinned to: each has its
         own scheduler and radix cache. 0.5.23 counts ``dp_size`` replicas of ``attn_dp_size``

@@ -21,6 +21,9 @@ note (``ServerFacts.release_note``).
 
 from __future__ import annotations
 
+import os
+from pathlib import PurePath
+
 from pydantic import BaseModel, ConfigDict
 
 from eagledata.errors import ServerRefusedError
@@ -90,9 +93,15 @@ def evaluate_kv_guard(
     *,
     expected_model: str | None,
     bf16_bytes_per_token: int | None,
+    kv_heads: int | None = None,
     tolerance: float = BYTES_PER_TOKEN_TOLERANCE,
 ) -> GuardVerdict:
-    """Judge whether ``facts`` describe a server with a bf16 KV cache serving the right model."""
+    """Judge whether ``facts`` describe a server with a bf16 KV cache serving the right model.
+
+    ``bf16_bytes_per_token`` is one token's bf16 KV cell on one rank at attention TP 1; with
+    ``kv_heads`` (an MHA/GQA model) the server's attention TP splits the heads as SGLang does
+    (``per_rank_bytes``), without them (MLA) every rank keeps the whole cell."""
+    bf16_bytes_per_token = per_rank_bytes(bf16_bytes_per_token, kv_heads, facts)
     problems: list[str] = []
     notes: list[str] = []
     requested = facts.kv_cache_dtype
@@ -193,7 +202,7 @@ def evaluate_kv_guard(
         served = facts.model_path
         if served is None:
             problems.append(f"server_info has no model_path (expected {expected_model!r})")
-        elif served.rstrip("/") != expected_model.rstrip("/"):
+        elif not same_model(served, expected_model):
             problems.append(f"server serves {served!r}, expected {expected_model!r}")
 
     return GuardVerdict(
@@ -205,3 +214,35 @@ def evaluate_kv_guard(
         bytes_per_token=measured,
         expected_bytes_per_token=bf16_bytes_per_token,
     )
+
+
+def per_rank_bytes(
+    bf16_bytes_per_token: int | None, kv_heads: int | None, facts: ServerFacts
+) -> int | None:
+    """One rank's bf16 cell on this server: an MHA cell of ``kv_heads`` heads keeps
+    ``max(1, kv_heads // (attn_tp // dcp))`` of them per rank (SGLang
+    ``ModelConfig.get_num_kv_heads``); an MLA cell (``kv_heads`` None) is whole on every rank."""
+    if bf16_bytes_per_token is None or kv_heads is None:
+        return bf16_bytes_per_token
+    per_head = bf16_bytes_per_token // kv_heads
+    groups = max(1, facts.attn_tp_size // max(1, facts.dcp_size or 1))
+    return per_head * max(1, kv_heads // groups)
+
+
+def same_model(served: str, expected: str) -> bool:
+    """Whether the server's ``model_path`` is the expected model: the same string; or, for a
+    model folder, the same folder however the server was pointed at it (an absolute path to
+    it, a relative one that ends the expected path, a hub cache snapshot of the hub name)."""
+    served_clean, expected_clean = served.rstrip("/"), expected.rstrip("/")
+    if served_clean == expected_clean:
+        return True
+    served_path, expected_path = PurePath(served_clean), PurePath(expected_clean)
+    if expected_path.is_absolute():
+        if served_path.is_absolute():
+            return os.path.realpath(served_path) == os.path.realpath(expected_path)
+        tail = tuple(part for part in served_path.parts if part not in (".", ""))
+        return bool(tail) and ".." not in tail and expected_path.parts[-len(tail) :] == tail
+    # a hub name served from its cache snapshot: .../models--ORG--NAME/snapshots/REVISION
+    cache_folder = "models--" + expected_clean.replace("/", "--")
+    found = served_path.parts
+    return len(found) >= 3 and found[-3] == cache_folder and found[-2] == "snapshots"

@@ -7,7 +7,9 @@ below ``context_length``) and from an optional configured cap: an over-long prom
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from eagledata.config import TokenizerSettings, resolve_bundled
@@ -79,9 +81,13 @@ class PromptTokenizer:
                 f"cannot load tokenizer {settings.name!r}: {first}; pass --tokenizer with a local "
                 "directory or a reachable hub id"
             ) from None
+        if settings.chat_template is not None:
+            self._tokenizer.chat_template = settings.chat_template
         if not getattr(self._tokenizer, "chat_template", None):
             raise TokenizerError(
-                f"tokenizer {settings.name!r} has no chat template; use the model's own tokenizer"
+                f"tokenizer {settings.name!r} has no chat template (neither chat_template.jinja "
+                "nor one in tokenizer_config.json); pass --chat-template FILE with the Jinja "
+                "template the model was trained with, or set [tokenizer] chat_template"
             )
 
     @property
@@ -94,6 +100,24 @@ class PromptTokenizer:
         """Ids a model with this tokenizer can produce: ``[0, vocab_size)``, added tokens
         included. An answer holding any other id breaks the token contract."""
         return len(self._tokenizer)
+
+    @property
+    def embedding_rows(self) -> int | None:
+        """Rows of the model's embedding, when the tokenizer's folder is the model's (its
+        ``config.json``'s ``vocab_size``, a multimodal wrapper's ``text_config``): real models
+        pad it past ``vocab_size``. None when unknown."""
+        folder = Path(resolve_bundled(self.settings.name))
+        try:
+            config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        if not isinstance(config, dict):
+            return None
+        text = config.get("text_config")
+        rows = (text if isinstance(text, dict) else config).get("vocab_size")
+        if type(rows) is not int or rows <= self.vocab_size:
+            return None
+        return rows
 
     def encode(
         self, messages: list[Message], template_kwargs: dict[str, Any] | None = None
