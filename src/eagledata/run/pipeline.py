@@ -7,6 +7,7 @@ together) in ``_execute``.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,8 @@ def _execute(
     run_dir = RunDir(out_dir)
     run_dir.lock()
     try:
+        if run_dir.exists():  # its rows are named as when it started (``ROW_ID_SCHEME``)
+            mix = replace(mix, id_scheme=int(run_dir.read().get("row_id_scheme", 1)))
         run = Run(config, mix, run_dir, progress)
         if run_dir.exists():
             run_dir.check_frozen(run.frozen)
