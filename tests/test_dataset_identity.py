@@ -4,13 +4,17 @@ hash, and counts that never go negative."""
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-from conftest import make_config, read_records
+from conftest import eagledata_cmd, make_config, read_records
+from eagledata.errors import RunDirError
 from eagledata.run import pipeline
+from eagledata.rundir.status import run_status
+from eagledata.rundir.verify import verify_run
 from eagledata.simserver import SimServerThread
 
 
@@ -39,3 +43,34 @@ def test_a_run_started_with_index_ids_keeps_them(sim: SimServerThread, tmp_path:
     summary = pipeline.resume(out, progress=False)
     assert summary.session_records == 0 and summary.left == 0
     assert sorted(r["row_id"] for r in read_records(out)) == ["0", "1", "2", "3"]
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        eagledata_cmd(*args), capture_output=True, text=True, timeout=120, check=False
+    )
+
+
+def generated(sim: SimServerThread, dataset: Path, out: Path) -> Any:
+    return pipeline.generate(make_config([sim.url], out), str(dataset), None, progress=False)
+
+
+def test_more_outcomes_than_planned_is_an_error_not_a_negative_count(
+    sim: SimServerThread, tmp_path: Path
+) -> None:
+    dataset = write_rows(tmp_path / "plain.jsonl", prompts(12))
+    out = tmp_path / "run"
+    generated(sim, dataset, out)
+    (out / "plan.json").write_bytes(orjson.dumps({"planned": 9}))  # a plan out of step
+    status = run_status(out)
+    assert status.left == 0 and status.mismatch is not None
+    assert "holds 12 records and failure lines" in status.mismatch
+    assert "3 more than planned" in status.mismatch
+    result = cli("status", str(out))
+    assert result.returncode == 1 and "problem:  " in result.stdout
+    summary = pipeline.resume(out, progress=False)
+    assert summary.left == 0 and summary.mismatch is not None
+    result = cli("resume", str(out), "--no-progress")
+    assert result.returncode == RunDirError.exit_code
+    assert "3 more than planned" in result.stderr and "left -" not in result.stdout
+    assert not verify_run(out).ok

@@ -11,6 +11,8 @@ from typing import TextIO
 
 from tqdm import tqdm
 
+from eagledata.rundir.totals import count_mismatch
+
 
 class RateWindow:
     """Tokens per second over the last ``window_s`` seconds (the lifetime mean hides stalls)."""
@@ -165,6 +167,11 @@ class Summary:
     rate: str = ""
     """The run's output rate, as ``status`` says it (rundir/rates.py)."""
     failure_reasons: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def mismatch(self) -> str | None:
+        """The run holds more outcomes than its plan has items (``left`` would be negative)."""
+        return count_mismatch(self.run_dir, self.planned, self.written, self.failed, self.skipped)
 
     @property
     def all_failed(self) -> str | None:
