@@ -167,6 +167,8 @@ class SessionStartup(SessionItems):
             "planned_estimate": estimate,
             # how rows without an id are named (source/dataset.py): kept for the run's life
             "row_id_scheme": self.mix.id_scheme,
+            # each dataset's file fingerprint; its rows' are rows/NAME.jsonl (fingerprint.py)
+            "datasets": self.datasets,
             # Frozen for the run's life: resume keeps it (``--no-canary`` at generate only).
             "canary": {"enabled": self.config.canary.enabled},
             "server_facts": {
