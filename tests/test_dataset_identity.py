@@ -13,7 +13,7 @@ import orjson
 import pytest
 
 from conftest import eagledata_cmd, make_config, read_records
-from eagledata.errors import RunDirError
+from eagledata.errors import DatasetError, EagledataError, RunDirError
 from eagledata.run import pipeline
 from eagledata.rundir.status import run_status
 from eagledata.rundir.verify import verify_run
@@ -206,3 +206,33 @@ def test_more_outcomes_than_planned_is_an_error_not_a_negative_count(
     assert result.returncode == RunDirError.exit_code
     assert "3 more than planned" in result.stderr and "left -" not in result.stdout
     assert not verify_run(out).ok
+
+
+def test_an_empty_dataset_is_said_before_anything_is_created(
+    sim: SimServerThread, tmp_path: Path
+) -> None:
+    dataset = tmp_path / "empty.jsonl"
+    dataset.write_text("\n\n")
+    out = tmp_path / "runs" / "empty"
+    with pytest.raises(DatasetError, match=r"dataset empty \(.*empty.jsonl\) is empty"):
+        generated(sim, dataset, out)
+    assert not (tmp_path / "runs").exists()
+    result = cli("generate", "--dataset", str(dataset), "--out", str(out))  # canary on
+    assert result.returncode == DatasetError.exit_code
+    assert len(result.stderr.splitlines()) == 1 and "is empty" in result.stderr
+    assert "canary" not in result.stderr and not (tmp_path / "runs").exists()
+
+
+def test_a_failed_start_leaves_no_run_directory_it_created(tmp_path: Path) -> None:
+    dataset = write_rows(tmp_path / "plain.jsonl", prompts(3))
+    out = tmp_path / "runs" / "plain"
+    config = make_config(["http://127.0.0.1:9"], out)  # nothing listens there
+    with pytest.raises(EagledataError):
+        pipeline.generate(config, str(dataset), None, progress=False)
+    assert not (tmp_path / "runs").exists()
+    mine = tmp_path / "mine"  # a folder that was there before: kept, as it was
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+    with pytest.raises(EagledataError):
+        pipeline.generate(make_config(["http://127.0.0.1:9"], mine), str(dataset), None)
+    assert (mine / "notes.txt").read_text() == "mine"

@@ -7,6 +7,7 @@ together) in ``_execute``.
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,7 @@ def _execute(
     progress: bool,
     retry_failed: bool = False,
 ) -> Summary:
+    created = _first_missing(out_dir)
     run_dir = RunDir(out_dir)
     run_dir.lock()
     try:
@@ -67,6 +69,27 @@ def _execute(
         raise error.naming_run_dir(out_dir) from None
     finally:
         run_dir.unlock()
+        if created is not None:
+            _remove_unstarted(created, run_dir)
+
+
+def _first_missing(path: Path) -> Path | None:
+    """The outermost folder of ``path`` that does not exist yet (None: ``path`` exists)."""
+    missing = None
+    for folder in (path, *path.parents):
+        if folder.exists() or folder.is_symlink():
+            break
+        missing = folder
+    return missing
+
+
+def _remove_unstarted(created: Path, run_dir: RunDir) -> None:
+    """A start that did not start leaves nothing behind: the folders this session created are
+    removed when it ends without a ``run.json`` (written once every server has passed: no
+    server, settings or a server refused, an empty dataset, a stop while starting). A folder
+    that existed before the session is never touched; a run that started is kept, to resume."""
+    if not run_dir.exists():
+        shutil.rmtree(created, ignore_errors=True)
 
 
 def _check_datasets(run_dir: RunDir, mix: Mix, row_limit: int | None) -> None:
