@@ -185,6 +185,13 @@ def test_every_record_names_its_row_and_verify_checks_it(
         problems = verify_run(out, full=full).problems
         assert len(problems) == 2, problems
         assert all("made from another row than the one its id names" in p for p in problems)
+    rows_file.unlink()
+    assert verify_run(out).problems == [
+        "rows/plain.jsonl is missing: run.json records dataset plain, but its rows are gone and "
+        "its records cannot be checked against them; restore the file from a copy of the run"
+    ]
+    with pytest.raises(RunDirError, match=r"rows/plain\.jsonl is missing"):
+        pipeline.resume(out, progress=False)
 
 
 def test_more_outcomes_than_planned_is_an_error_not_a_negative_count(

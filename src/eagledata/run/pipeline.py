@@ -64,13 +64,14 @@ def _execute(
             )
         with simulated_server(config) as live_config:
             run.config = live_config
-            return run_until_done(run.execute())
+            summary = run_until_done(run.execute())
     except EagledataError as error:
         raise error.naming_run_dir(out_dir) from None
     finally:
         run_dir.unlock()
-        if created is not None:
-            _remove_unstarted(created, run_dir)
+        removed = created is not None and _remove_unstarted(created, run_dir)
+    # stopped while starting a new run: nothing is left to resume, the command is run again
+    return replace(summary, resumable=False) if removed else summary
 
 
 def _first_missing(path: Path) -> Path | None:
@@ -83,13 +84,16 @@ def _first_missing(path: Path) -> Path | None:
     return missing
 
 
-def _remove_unstarted(created: Path, run_dir: RunDir) -> None:
+def _remove_unstarted(created: Path, run_dir: RunDir) -> bool:
     """A start that did not start leaves nothing behind: the folders this session created are
     removed when it ends without a ``run.json`` (written once every server has passed: no
     server, settings or a server refused, an empty dataset, a stop while starting). A folder
-    that existed before the session is never touched; a run that started is kept, to resume."""
-    if not run_dir.exists():
-        shutil.rmtree(created, ignore_errors=True)
+    that existed before the session is never touched; a run that started is kept, to resume.
+    Returns whether they were removed."""
+    if run_dir.exists():
+        return False
+    shutil.rmtree(created, ignore_errors=True)
+    return True
 
 
 def _check_datasets(run_dir: RunDir, mix: Mix, row_limit: int | None) -> None:

@@ -167,6 +167,9 @@ class Summary:
     rate: str = ""
     """The run's output rate, as ``status`` says it (rundir/rates.py)."""
     failure_reasons: dict[str, int] = field(default_factory=dict)
+    resumable: bool = True
+    """False when a new run was stopped while starting: its folder was removed, nothing to
+    resume."""
 
     @property
     def mismatch(self) -> str | None:
@@ -200,6 +203,12 @@ class Summary:
             lines.append(f"quality: {self.quality}")
         if self.canary:
             lines.append(f"canary: {self.canary}")
+        if self.interrupted and not self.resumable:
+            lines.append(
+                f"stopped early: {self.interrupted}; the run had not started, so "
+                f"{self.run_dir} was removed: run the same command again"
+            )
+            return "\n".join(lines)
         if self.interrupted:
             lines.append(
                 f"stopped early: {self.interrupted}; continue with "

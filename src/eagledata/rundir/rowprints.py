@@ -71,10 +71,15 @@ def iter_row_prints(path: Path) -> Iterator[tuple[str, str]]:
                 )
             yield value[0], value[1]
     except FileNotFoundError:
-        raise RunDirError(
-            f"{path} is missing: the run cannot tell whether its dataset changed; restore it "
-            "from a copy of the run, or start a new run with --out"
-        ) from None
+        raise rows_missing(path) from None
+
+
+def rows_missing(path: Path) -> RunDirError:
+    """The refusal for a run whose ``rows/NAME.jsonl`` is gone."""
+    return RunDirError(
+        f"{path} is missing: the run cannot tell whether its dataset changed; restore it from a "
+        "copy of the run, or start a new run with --out"
+    )
 
 
 class RowPrints:

@@ -24,7 +24,7 @@ from eagledata.rundir.journal import iter_jsonl_lines
 from eagledata.rundir.lines import FailureLine, LineError, RecordLine
 from eagledata.rundir.manifest import RunDir
 from eagledata.rundir.quarantine import Quarantine, failure_problem, record_problem
-from eagledata.rundir.rowprints import RowPrints
+from eagledata.rundir.rowprints import RowPrints, rows_path
 from eagledata.rundir.shardindex import (
     IndexBuilder,
     build_index,
@@ -209,6 +209,12 @@ def verify_run(path: Path, *, full: bool = False) -> VerifyReport:
     datasets = manifest.get("datasets")
     rows = RowPrints.load(path, datasets if isinstance(datasets, dict) else ())
     report = VerifyReport()
+    for name in sorted(set(datasets or ()) - rows.datasets):
+        report.add(
+            f"{rows_path(path, name).relative_to(path)} is missing: run.json records dataset "
+            f"{name}, but its rows are gone and its records cannot be checked against them; "
+            "restore the file from a copy of the run"
+        )
     claims = _Claims()
     rebuilt: dict[str, list[str]] = {}
     settings: dict[str, dict[str, int]] = {}

@@ -29,7 +29,13 @@ import orjson
 
 from eagledata.config import DatasetSettings, MixMember
 from eagledata.errors import BadRowError, DatasetError, RunDirError
-from eagledata.rundir.rowprints import ROW_HASH_BYTES, iter_row_prints, rows_path, write_row_prints
+from eagledata.rundir.rowprints import (
+    ROW_HASH_BYTES,
+    iter_row_prints,
+    rows_missing,
+    rows_path,
+    write_row_prints,
+)
 from eagledata.source.dataset import SourceRow, iter_rows, local_path
 from eagledata.source.prompts import row_messages
 
@@ -116,6 +122,8 @@ def check_datasets(
         entry = stored.get(member.name)
         if not isinstance(entry, dict):
             continue  # recorded before this eagledata, or a run without it
+        if not rows_path(run_dir, member.name).is_file():
+            raise rows_missing(rows_path(run_dir, member.name))
         if entry.get("file") is not None and file_print(member.dataset) == entry["file"]:
             continue
         rows = _compare(run_dir, member, row_limit, id_scheme)
