@@ -213,6 +213,13 @@ def test_more_outcomes_than_planned_is_an_error_not_a_negative_count(
     assert result.returncode == RunDirError.exit_code
     assert "3 more than planned" in result.stderr and "left -" not in result.stdout
     assert not verify_run(out).ok
+    # an estimate (a share's expected count) below what the run holds is no mismatch
+    (out / "plan.json").unlink()
+    manifest = orjson.loads((out / "run.json").read_bytes())
+    (out / "run.json").write_bytes(orjson.dumps({**manifest, "planned_estimate": 9}))
+    status = run_status(out)
+    assert (status.planned, status.plan_complete, status.left) == (9, False, 0)
+    assert status.mismatch is None and cli("status", str(out)).returncode == 0
 
 
 def test_an_empty_dataset_is_said_before_anything_is_created(

@@ -167,6 +167,8 @@ class Summary:
     rate: str = ""
     """The run's output rate, as ``status`` says it (rundir/rates.py)."""
     failure_reasons: dict[str, int] = field(default_factory=dict)
+    plan_complete: bool = False
+    """``planned`` is the plan read to its end (``plan.json``), not an estimate."""
     resumable: bool = True
     """False when a new run was stopped while starting: its folder was removed, nothing to
     resume."""
@@ -174,7 +176,14 @@ class Summary:
     @property
     def mismatch(self) -> str | None:
         """The run holds more outcomes than its plan has items (``left`` would be negative)."""
-        return count_mismatch(self.run_dir, self.planned, self.written, self.failed, self.skipped)
+        return count_mismatch(
+            self.run_dir,
+            self.planned,
+            self.written,
+            self.failed,
+            self.skipped,
+            plan_complete=self.plan_complete,
+        )
 
     @property
     def all_failed(self) -> str | None:

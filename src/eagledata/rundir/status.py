@@ -59,7 +59,14 @@ class StatusReport:
     @property
     def mismatch(self) -> str | None:
         """More outcomes than planned: ``left`` would be negative (an error, not 0 left)."""
-        return count_mismatch(self.run_dir, self.planned, self.written, self.failed, self.skipped)
+        return count_mismatch(
+            self.run_dir,
+            self.planned,
+            self.written,
+            self.failed,
+            self.skipped,
+            plan_complete=self.plan_complete,
+        )
 
     @property
     def eta_s(self) -> float | None:

@@ -121,12 +121,19 @@ class RunTotals:
 
 
 def count_mismatch(
-    run_dir: Path | str, planned: int | None, written: int, failed: int, skipped: int
+    run_dir: Path | str,
+    planned: int | None,
+    written: int,
+    failed: int,
+    skipped: int,
+    *,
+    plan_complete: bool,
 ) -> str | None:
     """Why ``planned = written + failed + skipped + left`` cannot hold with ``left >= 0``: the
-    run holds more outcomes than its plan has items. None when it holds."""
+    run holds more outcomes than its plan, read to its end, has items. None when it holds, or
+    when ``planned`` is only an estimate (a share of a dataset's rows is its expected count)."""
     done = written + failed + skipped
-    if planned is None or done <= planned:
+    if planned is None or not plan_complete or done <= planned:
         return None
     return (
         f"{run_dir} holds {done:,} records and failure lines (written {written:,} + failed "
