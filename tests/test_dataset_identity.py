@@ -14,6 +14,7 @@ import pytest
 
 from conftest import eagledata_cmd, make_config, read_records
 from eagledata.errors import DatasetError, EagledataError, RunDirError
+from eagledata.export import ExportOptions, export_runs
 from eagledata.run import pipeline
 from eagledata.rundir.status import run_status
 from eagledata.rundir.verify import verify_run
@@ -213,6 +214,8 @@ def test_more_outcomes_than_planned_is_an_error_not_a_negative_count(
     assert result.returncode == RunDirError.exit_code
     assert "3 more than planned" in result.stderr and "left -" not in result.stdout
     assert not verify_run(out).ok
+    exported = export_runs([out], tmp_path / "train.jsonl", ExportOptions())
+    assert any("3 more than planned" in warning for warning in exported.warnings)
     # an estimate (a share's expected count) below what the run holds is no mismatch
     (out / "plan.json").unlink()
     manifest = orjson.loads((out / "run.json").read_bytes())

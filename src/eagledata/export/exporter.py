@@ -34,6 +34,7 @@ from eagledata.export.vocab import (
 )
 from eagledata.rundir.lines import RecordLine
 from eagledata.rundir.reader import RunRecords
+from eagledata.rundir.totals import count_mismatch
 
 
 @dataclass(frozen=True)
@@ -167,6 +168,16 @@ def _rows(
         counts_of_run.planned = outcomes.planned
         counts_of_run.plan_complete = outcomes.plan_complete
         add_generation_outcomes(counts_of_run, outcomes.failed, outcomes.skipped)
+        mismatch = count_mismatch(
+            run.path,
+            outcomes.planned,
+            counts_of_run.records,
+            sum(outcomes.failed.values()),
+            sum(outcomes.skipped.values()),
+            plan_complete=outcomes.plan_complete,
+        )
+        if mismatch is not None:  # status and verify call it an error; the export says it too
+            report.warnings.append(mismatch)
         if not outcomes.plan_complete:
             report.warnings.append(
                 f"{run.path} has not finished its plan; this export holds what it had so far"
