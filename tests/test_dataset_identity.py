@@ -95,7 +95,7 @@ def test_an_edited_dataset_is_refused_on_resume(sim: SimServerThread, tmp_path: 
     with pytest.raises(RunDirError, match="changed since the run started") as caught:
         pipeline.resume(out, progress=False)
     message = str(caught.value)
-    assert "10 row(s) differ" in message and "(row 0 '#0' edited, row 1 '#1' edited" in message
+    assert "10 row(s) differ" in message and "(row 0 '#0' changed, row 1 '#1' changed" in message
     assert "and 7 more" in message
     assert "restore the file as it was, or start a new run with --out" in message
     assert files_of(out) == before and len(read_records(out)) == kept
@@ -133,7 +133,7 @@ def test_reordered_or_replaced_datasets_are_refused(sim: SimServerThread, tmp_pa
     with pytest.raises(RunDirError, match=r"2 row\(s\) differ"):
         pipeline.resume(out, progress=False)
     write_rows(dataset, [{"id": f"r{n}", "prompt": f"another {n}"} for n in range(6)])
-    with pytest.raises(RunDirError, match=r"6 row\(s\) differ.*row 0 'r0' edited"):
+    with pytest.raises(RunDirError, match=r"6 row\(s\) differ.*row 0 'r0' changed"):
         pipeline.resume(out, progress=False)
 
 

@@ -602,8 +602,8 @@ def test_export_never_writes_over_an_input_dataset(tmp_path: Path) -> None:
     manifest = orjson.loads((run / "run.json").read_bytes())
     manifest["frozen"]["dataset"]["source"] = str(dataset)
     (run / "run.json").write_bytes(orjson.dumps(manifest))
-    for target, fmt in ((dataset, "ids"), (dataset.parent, "hf")):
-        with pytest.raises(ExportError, match="is the run's input dataset"):
+    for target, fmt, what in ((dataset, "ids", "is"), (dataset.parent, "hf", "holds")):
+        with pytest.raises(ExportError, match=f"{what} the run's input dataset"):
             export([run], target, format=fmt, force=True)
     assert dataset.read_text() == '{"prompt": "question"}\n'
 

@@ -93,16 +93,17 @@ def check_target(
         raise ExportError(
             f"--out {out} is inside the run directory {holder}; write the export elsewhere"
         )
-    for source in inputs:
-        dataset = source.resolve()
-        if resolved == dataset or dataset.is_relative_to(resolved):
-            raise ExportError(
-                f"--out {out} is the run's input dataset {source}; write the export elsewhere"
-            )
     for run_dir in run_dirs:
         if run_dir.resolve().is_relative_to(resolved):
             raise ExportError(
                 f"--out {out} holds the run directory {run_dir}; write the export elsewhere"
+            )
+    for source in inputs:
+        dataset = source.resolve()
+        if resolved == dataset or dataset.is_relative_to(resolved):
+            what = "is" if resolved == dataset else "holds"
+            raise ExportError(
+                f"--out {out} {what} the run's input dataset {source}; write the export elsewhere"
             )
     if out.exists() or out.is_symlink():
         if out.is_dir() != is_dir:

@@ -190,5 +190,5 @@ def _change(position: int, old: tuple[str, str], new: tuple[str, str] | None) ->
     if new is None:
         return f"row {position} {old[0]!r} removed"
     if new[0] == old[0]:
-        return f"row {position} {old[0]!r} edited"
+        return f"row {position} {old[0]!r} changed"
     return f"row {position} was {old[0]!r}, now {new[0]!r}"
