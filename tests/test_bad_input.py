@@ -23,8 +23,8 @@ from eagledata.simserver import SimServerThread
 
 # bad_rows.jsonl (see its README): source line -> (failure row id, reason, message fragment)
 BAD_ROWS = {
-    2: ("1", "bad_row", "line 2: malformed JSON"),
-    4: ("3", "bad_row", "line 4: malformed JSON"),
+    2: ("#1", "bad_row", "line 2: malformed JSON"),
+    4: ("#3", "bad_row", "line 4: malformed JSON"),
     5: ("bad-empty-conversations", "empty_conversation", "conversations is empty"),
     6: ("bad-no-known-field", "missing_field", "no conversations, messages or 'prompt' field"),
     7: ("bad-unknown-role", "unknown_role", "conversations[1].from: unknown role 'robot'"),
@@ -33,7 +33,7 @@ BAD_ROWS = {
     10: ("bad-content-null", "bad_content", "conversations[0].value: content is missing"),
     11: ("bad-no-user-turn", "no_user_turn", "no user turn to answer"),
     12: ("bad-empty-prompt", "empty_prompt", "the last user turn is empty"),
-    13: ("12", "bad_row", "line 13: invalid UTF-8"),
+    13: ("#12", "bad_row", "line 13: invalid UTF-8"),
     14: ("bad-too-long", "prompt_too_long", "limit of 4000 (generation.max_prompt_tokens)"),
 }
 
@@ -107,8 +107,8 @@ ODD_ROWS = [
         "empty_prompt",
         "the last user turn is empty",
     ),
-    ("[1, 2, 3]", "7", "bad_row", "line 9: expected a JSON object, got list"),
-    ('"just a string"', "8", "bad_row", "line 10: expected a JSON object, got str"),
+    ("[1, 2, 3]", "#7", "bad_row", "line 9: expected a JSON object, got list"),
+    ('"just a string"', "#8", "bad_row", "line 10: expected a JSON object, got str"),
     ('{"id": "ok", "prompt": "fine"}', "ok", None, None),
     (
         '{"id": "ok", "prompt": "the same id again"}',

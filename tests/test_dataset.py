@@ -28,7 +28,7 @@ def test_ids_are_the_dataset_own_or_the_row_index() -> None:
     ultrachat = list(iter_rows(DatasetSettings(source=str(SAMPLES / "ultrachat.jsonl"))))
     assert all(r.data and r.row_id == r.data["prompt_id"] for r in ultrachat)
     plain = list(iter_rows(DatasetSettings(source=str(SAMPLES / "prompts.jsonl"))))
-    assert [r.row_id for r in plain] == [str(i) for i in range(30)]
+    assert [r.row_id for r in plain] == [f"#{i}" for i in range(30)]
 
 
 def test_limit_and_count() -> None:
@@ -63,3 +63,18 @@ def test_missing_file_and_offline_hub_are_one_line_errors() -> None:
     with pytest.raises(DatasetError) as caught:
         list(iter_rows(hub.settings))
     assert "\n" not in str(caught.value) and "nobody/not-a-dataset" in str(caught.value)
+
+
+def test_an_index_id_never_meets_an_own_id(tmp_path: Path) -> None:
+    """A row without an id and a later row whose own id is that row's index are two rows,
+    both planned: neither is taken for a repeat of the other."""
+    path = tmp_path / "mixed.jsonl"
+    rows = [{"prompt": "no id"}, {"prompt": "has id", "id": 0}, {"prompt": "hash", "id": "#1"}]
+    rows.append({"prompt": "no id either"})
+    path.write_bytes(b"\n".join(orjson.dumps(row) for row in rows))
+    ids = [row.row_id for row in iter_rows(DatasetSettings(source=str(path)))]
+    assert len(set(ids)) == 4, ids
+    assert ids == ["#0", "0", "##1", "#3"]
+    # a run started before this naming keeps its own (resume plans the same ids)
+    old_naming = iter_rows(DatasetSettings(source=str(path)), id_scheme=1)
+    assert [row.row_id for row in old_naming][:2] == ["0", "0"]

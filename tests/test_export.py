@@ -533,22 +533,84 @@ def test_bad_input_is_one_line_and_leaves_nothing(flagged_run: Path, tmp_path: P
     assert message.endswith("; pass a writable --out")
     inside = flagged_run / "shards" / "export.jsonl"
     message = one_error_line(cli("export", str(flagged_run), "--out", str(inside)), 2)
-    assert "inside the run directory's records" in message
+    assert f"is inside the run directory {flagged_run}; write the export elsewhere" in message
     assert not out.exists() and not inside.exists()
 
 
 def test_an_existing_output_is_kept_unless_forced(flagged_run: Path, tmp_path: Path) -> None:
     out = tmp_path / "t.jsonl"
-    out.write_text("mine\n")
+    export([flagged_run], out)
+    out.write_text("an edited export\n")
     with pytest.raises(ExportError, match="exists; pass --force"):
         export([flagged_run], out)
-    assert out.read_text() == "mine\n"
-    export([flagged_run], out, force=True)
+    assert out.read_text() == "an edited export\n"
+    export([flagged_run], out, force=True)  # an earlier export: its report names it
     assert len(read_jsonl(out)) == 4
+
+
+def test_force_replaces_only_an_earlier_export(flagged_run: Path, tmp_path: Path) -> None:
+    """A file or folder that merely sits at PATH is never replaced, whatever --force says."""
+    mine = tmp_path / "mine.jsonl"
+    mine.write_text("mine\n")
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("mine\n")
+    for target, fmt in ((mine, "ids"), (folder, "hf")):
+        with pytest.raises(ExportError, match="is not an earlier export") as caught:
+            export([flagged_run], target, format=fmt, force=True)
+        assert "--force replaces only an export" in str(caught.value)
+    assert mine.read_text() == "mine\n"
+    assert (folder / "notes.txt").read_text() == "mine\n"
+    hf = tmp_path / "train-hf"
+    export([flagged_run], hf, format="hf")
+    assert export([flagged_run], hf, format="hf", force=True).exported == 4
+
+
+def test_export_never_writes_into_a_run_directory(flagged_run: Path, tmp_path: Path) -> None:
+    """--out a run's own file, --force or not: refused, the run's files as they were."""
+    before = files_under(flagged_run)
+    for name in ("run.json", "failures.jsonl", "plan.json", "export.jsonl", "sub/t.jsonl"):
+        with pytest.raises(ExportError, match="is inside the run directory"):
+            export([flagged_run], flagged_run / name, force=True)
+    other = make_run(tmp_path / "other", [record("x", [1, 10], [20, IM_END], flags=[])])
+    with pytest.raises(ExportError, match=f"is inside the run directory {other}"):
+        export([flagged_run], other / "run.json", force=True)  # a run not exported too
+    assert files_under(flagged_run) == before
+
+
+def test_export_never_replaces_a_folder_holding_runs(flagged_run: Path, tmp_path: Path) -> None:
+    """--format hf --out the folder holding the run (or another run) --force: refused, the
+    runs and every other file kept."""
+    sibling = make_run(tmp_path / "sibling", [record("x", [1, 10], [20, IM_END], flags=[])])
+    (tmp_path / "notes.txt").write_text("unrelated\n")
+    elsewhere = tmp_path / "elsewhere"
+    make_run(elsewhere / "deep" / "run", [record("y", [1, 10], [21, IM_END], flags=[])])
+    before = files_under(tmp_path)
+    for target in (tmp_path, elsewhere):
+        with pytest.raises(ExportError, match="holds the run directory"):
+            export([flagged_run], target, format="hf", force=True)
+    assert files_under(tmp_path) == before
+    assert (sibling / "run.json").is_file()
+    assert (tmp_path / "notes.txt").read_text() == "unrelated\n"
+
+
+def test_export_never_writes_over_an_input_dataset(tmp_path: Path) -> None:
+    dataset = tmp_path / "data" / "hand.jsonl"
+    dataset.parent.mkdir()
+    dataset.write_text('{"prompt": "question"}\n')
+    run = make_run(tmp_path / "run", [record("x", [1, 10], [20, IM_END], flags=[])])
+    manifest = orjson.loads((run / "run.json").read_bytes())
+    manifest["frozen"]["dataset"]["source"] = str(dataset)
+    (run / "run.json").write_bytes(orjson.dumps(manifest))
+    for target, fmt, what in ((dataset, "ids", "is"), (dataset.parent, "hf", "holds")):
+        with pytest.raises(ExportError, match=f"{what} the run's input dataset"):
+            export([run], target, format=fmt, force=True)
+    assert dataset.read_text() == '{"prompt": "question"}\n'
 
 
 def test_a_failed_export_leaves_no_partial_file(flagged_run: Path, tmp_path: Path) -> None:
     out = tmp_path / "t.jsonl"
+    export([flagged_run], out)
     out.write_text("the previous export\n")
     shards = sorted((flagged_run / "shards").glob("shard-*.jsonl"))
     with shards[-1].open("ab") as handle:  # a damaged line after good ones
@@ -558,7 +620,7 @@ def test_a_failed_export_leaves_no_partial_file(flagged_run: Path, tmp_path: Pat
         with pytest.raises(RunDirError, match=damaged):
             export([flagged_run], target, format=fmt, force=True)
     assert out.read_text() == "the previous export\n"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["flagged", "t.jsonl"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["flagged", "t.export.json", "t.jsonl"]
 
 
 def test_the_cli_prints_the_report(flagged_run: Path, tmp_path: Path) -> None:

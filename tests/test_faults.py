@@ -32,7 +32,7 @@ ROWS = 30
 
 
 def planned_ids(rows: int = ROWS, samples: int = 2) -> set[str]:
-    return {f"prompts/{row}/{sample}" for row in range(rows) for sample in range(samples)}
+    return {f"prompts/#{row}/{sample}" for row in range(rows) for sample in range(samples)}
 
 
 def fault_config(urls: list[str], out: Path, **sections: dict[str, Any]) -> AppConfig:

@@ -51,7 +51,14 @@ def test_refused_server_gets_no_request_and_no_record(
     tokenizer_dir: str, tmp_path: Path, server_setup: dict[str, Any], problem: str
 ) -> None:
     with SimServerThread(sim_config(tokenizer_dir, **server_setup)) as sim:
-        out = tmp_path / "run"
+        new = tmp_path / "new" / "run"  # a refused start leaves no folder it created
+        with pytest.raises(ServerRefusedError, match=problem):
+            pipeline.generate(
+                make_config([sim.url], new, server=KIMI), DATASET, None, progress=False
+            )
+        assert not (tmp_path / "new").exists()
+        out = tmp_path / "run"  # a folder that was there keeps the refused check
+        out.mkdir()
         with pytest.raises(ServerRefusedError, match=problem):
             pipeline.generate(
                 make_config([sim.url], out, server=KIMI), DATASET, None, progress=False

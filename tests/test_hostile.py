@@ -40,8 +40,8 @@ def hostile_config(url: str, out: Path, **sections: dict[str, Any]) -> AppConfig
 def check_split(out: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Sample 1 landed as records (ids inside the vocabulary), sample 0 failed, each once."""
     records, failures = read_records(out), read_failures(out)
-    assert sorted(r["id"] for r in records) == [f"prompts/{row}/1" for row in range(ROWS)]
-    assert sorted(f["id"] for f in failures) == [f"prompts/{row}/0" for row in range(ROWS)]
+    assert sorted(r["id"] for r in records) == [f"prompts/#{row}/1" for row in range(ROWS)]
+    assert sorted(f["id"] for f in failures) == [f"prompts/#{row}/0" for row in range(ROWS)]
     for record in records:
         assert all(0 <= token < VOCAB for token in record["output_ids"])
         assert len(record["output_ids"]) <= 33

@@ -22,7 +22,7 @@ def source_rows(path: Path) -> dict[str, dict[str, Any]]:
     rows = {}
     for index, line in enumerate(path.read_bytes().splitlines()):
         row = orjson.loads(line)
-        row_id = row.get("id") or row.get("prompt_id") or str(index)
+        row_id = row.get("id") or row.get("prompt_id") or f"#{index}"
         rows[str(row_id)] = row
     return rows
 
@@ -114,10 +114,10 @@ def test_bad_rows_are_each_accounted_for_and_the_run_goes_on(
     failures = {f["row_id"]: f for f in read_failures(out)}
     assert sorted(r["row_id"] for r in records) == ["good-001", "good-002", "good-003"]
     reasons = {row_id: f["reason"] for row_id, f in failures.items()}
-    # Unparseable lines have no id of their own: they are named by their row index.
+    # Unparseable lines have no id of their own: they are named by their row index (#INDEX).
     assert reasons == {
-        "1": "bad_row",  # malformed JSON
-        "3": "bad_row",  # truncated line
+        "#1": "bad_row",  # malformed JSON
+        "#3": "bad_row",  # truncated line
         "bad-empty-conversations": "empty_conversation",
         "bad-no-known-field": "missing_field",
         "bad-unknown-role": "unknown_role",
@@ -126,10 +126,10 @@ def test_bad_rows_are_each_accounted_for_and_the_run_goes_on(
         "bad-content-null": "bad_content",
         "bad-no-user-turn": "no_user_turn",
         "bad-empty-prompt": "empty_prompt",
-        "12": "bad_row",  # invalid UTF-8
+        "#12": "bad_row",  # invalid UTF-8
         "bad-too-long": "prompt_too_long",
     }
-    assert "invalid UTF-8" in failures["12"]["message"]
+    assert "invalid UTF-8" in failures["#12"]["message"]
     assert "generation.max_prompt_tokens" in failures["bad-too-long"]["message"]
     assert summary.planned == 15 == summary.written + summary.failed + summary.skipped
     assert sim.stats()["requests"] == 3  # nothing bad was ever sent

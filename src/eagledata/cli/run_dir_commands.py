@@ -26,6 +26,8 @@ def status(
         typer.echo(orjson.dumps(report.to_json()).decode())
     else:
         typer.echo(report.render())
+    if report.mismatch:  # the counts cannot be trusted: say so in the exit code too
+        raise typer.Exit(1)
 
 
 def verify(

@@ -19,7 +19,7 @@ from eagledata.config import (
     default_config_path,
     load_config,
 )
-from eagledata.errors import ConfigError, EagledataError
+from eagledata.errors import ConfigError, EagledataError, RunDirError
 
 T = TypeVar("T")
 
@@ -177,6 +177,9 @@ EXIT_NOTHING_WRITTEN = 7
 
 def finish_run(summary: Any) -> None:
     typer.echo(summary.render())
+    if summary.mismatch:
+        typer.echo(f"eagledata: error: {summary.mismatch}", err=True)
+        raise typer.Exit(RunDirError.exit_code)
     if summary.interrupted:
         raise typer.Exit(EXIT_INTERRUPTED)
     if summary.all_failed:

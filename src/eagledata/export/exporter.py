@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 
 from eagledata.config import TokenizerSettings
-from eagledata.errors import ExportError
+from eagledata.errors import ExportError, RunDirError
 from eagledata.export.format import RowIdentity, RowMaker
 from eagledata.export.formats import FORMATS
 from eagledata.export.maskcheck import carries_mask, mask_problem
@@ -34,6 +34,7 @@ from eagledata.export.vocab import (
 )
 from eagledata.rundir.lines import RecordLine
 from eagledata.rundir.reader import RunRecords
+from eagledata.rundir.totals import count_mismatch
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,20 @@ def _open_runs(run_dirs: Sequence[Path]) -> list[RunRecords]:
                 )
             names[name] = run.path
     return runs
+
+
+def _input_files(runs: list[RunRecords]) -> list[Path]:
+    """The local dataset files the runs were generated from: an export never writes over one."""
+    from eagledata.source.dataset import local_path
+
+    files: list[Path] = []
+    for run in runs:
+        try:
+            members = run.frozen().members()
+        except RunDirError:  # settings this release refuses: reading the records says so
+            continue
+        files.extend(local_path(member.dataset) for member in members)
+    return [path for path in files if path.exists()]
 
 
 def _tokenizer(runs: list[RunRecords], override: str | None) -> tuple[Any, dict[str, Any]]:
@@ -153,6 +168,16 @@ def _rows(
         counts_of_run.planned = outcomes.planned
         counts_of_run.plan_complete = outcomes.plan_complete
         add_generation_outcomes(counts_of_run, outcomes.failed, outcomes.skipped)
+        mismatch = count_mismatch(
+            run.path,
+            outcomes.planned,
+            counts_of_run.records,
+            sum(outcomes.failed.values()),
+            sum(outcomes.skipped.values()),
+            plan_complete=outcomes.plan_complete,
+        )
+        if mismatch is not None:  # status and verify call it an error; the export says it too
+            report.warnings.append(mismatch)
         if not outcomes.plan_complete:
             report.warnings.append(
                 f"{run.path} has not finished its plan; this export holds what it had so far"
@@ -170,7 +195,11 @@ def export_runs(run_dirs: Sequence[Path], out: Path, options: ExportOptions) -> 
         check_torch_available()
     runs = _open_runs(run_dirs)
     check_target(
-        out, is_dir=chosen.writes_folder, force=options.force, run_dirs=[r.path for r in runs]
+        out,
+        is_dir=chosen.writes_folder,
+        force=options.force,
+        run_dirs=[r.path for r in runs],
+        inputs=_input_files(runs),
     )
 
     tokenizer: Any = None

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,16 +37,73 @@ def _cannot_write(out: Path, exc: OSError) -> ExportError:
     return ExportError(f"cannot write {out}: {why}; pass a writable --out")
 
 
-def check_target(out: Path, *, is_dir: bool, force: bool, run_dirs: list[Path]) -> None:
-    """Refuse an output that would clobber data or land where a consumer globs records."""
+def run_dir_holding(path: Path) -> Path | None:
+    """The run directory ``path`` is, or lies inside (a folder holding ``run.json``), or None."""
+    for folder in (path, *path.parents):
+        if (folder / "run.json").is_file():
+            return folder
+    return None
+
+
+def _run_dir_within(folder: Path) -> Path | None:
+    """A run directory somewhere under ``folder`` (the first one found), or None."""
+    for root, dirs, files in os.walk(folder):
+        if "run.json" in files:
+            return Path(root)
+        dirs[:] = [name for name in dirs if not Path(root, name).is_symlink()]
+    return None
+
+
+def made_by_export(out: Path) -> bool:
+    """``out`` is an earlier export's data: its report (``side_path(out, "export.json")``, the
+    marker every export writes beside its data) names it as its output."""
+    try:
+        report = orjson.loads(side_path(out, "export.json").read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        return False
+    if not isinstance(report, dict):
+        return False
+    output, kind = report.get("output"), report.get("format")
+    return isinstance(output, str) and isinstance(kind, str) and Path(output).name == out.name
+
+
+def check_target(
+    out: Path,
+    *,
+    is_dir: bool,
+    force: bool,
+    run_dirs: list[Path],
+    inputs: Sequence[Path] = (),
+) -> None:
+    """Refuse an output that would clobber data or land where a consumer globs records.
+
+    An export writes and deletes only what it made: never a run directory, a file of one, a
+    folder holding one, or an input dataset file; ``--force`` replaces only an earlier export
+    (``made_by_export``), never a file or folder that merely sits at PATH.
+    """
     resolved = out.resolve()
     for run_dir in run_dirs:
         run = run_dir.resolve()
-        if resolved == run or any(
-            resolved.is_relative_to(run / inner) for inner in ("shards", "pending")
-        ):
+        if resolved == run or resolved.is_relative_to(run):
             raise ExportError(
-                f"--out {out} is inside the run directory's records; write the export elsewhere"
+                f"--out {out} is inside the run directory {run_dir}; write the export elsewhere"
+            )
+    holder = run_dir_holding(resolved)
+    if holder is not None:
+        raise ExportError(
+            f"--out {out} is inside the run directory {holder}; write the export elsewhere"
+        )
+    for run_dir in run_dirs:
+        if run_dir.resolve().is_relative_to(resolved):
+            raise ExportError(
+                f"--out {out} holds the run directory {run_dir}; write the export elsewhere"
+            )
+    for source in inputs:
+        dataset = source.resolve()
+        if resolved == dataset or dataset.is_relative_to(resolved):
+            what = "is" if resolved == dataset else "holds"
+            raise ExportError(
+                f"--out {out} {what} the run's input dataset {source}; write the export elsewhere"
             )
     if out.exists() or out.is_symlink():
         if out.is_dir() != is_dir:
@@ -54,6 +111,17 @@ def check_target(out: Path, *, is_dir: bool, force: bool, run_dirs: list[Path]) 
             raise ExportError(f"--out {out} is {kind}; pass another path")
         if not force:
             raise ExportError(f"--out {out} exists; pass --force to replace it, or another path")
+        if out.is_dir() and not out.is_symlink() and (inner := _run_dir_within(out)) is not None:
+            raise ExportError(
+                f"--out {out} holds the run directory {inner}; write the export elsewhere"
+            )
+        if not made_by_export(out):
+            report = side_path(out, "export.json")
+            raise ExportError(
+                f"--out {out} exists and is not an earlier export (no {report.name} beside it "
+                "naming it); --force replaces only an export: remove it yourself, or pass "
+                "another path"
+            )
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

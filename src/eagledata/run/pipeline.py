@@ -7,6 +7,8 @@ together) in ``_execute``.
 
 from __future__ import annotations
 
+import shutil
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,7 @@ from eagledata.run.session import Run
 from eagledata.rundir.manifest import RunDir
 from eagledata.simserver.demo import simulated_server
 from eagledata.source.dataset import ResolvedDataset, check_local_source
+from eagledata.source.fingerprint import check_datasets, record_datasets
 from eagledata.source.mix import Mix, resolve_mix
 from eagledata.source.preflight import check_first_rows
 from eagledata.tasks import run_until_done
@@ -41,22 +44,73 @@ def _execute(
     progress: bool,
     retry_failed: bool = False,
 ) -> Summary:
+    created = _first_missing(out_dir)
     run_dir = RunDir(out_dir)
     run_dir.lock()
     try:
+        existed = run_dir.exists()
+        if existed:  # its rows are named as when it started (``ROW_ID_SCHEME``)
+            mix = replace(mix, id_scheme=int(run_dir.read().get("row_id_scheme", 1)))
         run = Run(config, mix, run_dir, progress)
-        if run_dir.exists():
+        if existed:
             run_dir.check_frozen(run.frozen)
             _check_canary_frozen(run_dir, config)
+            _check_datasets(run_dir, mix, config.run.limit)
             if retry_failed:
                 run_dir.requeue_failures()  # under the lock: no other process writes failures
+        else:  # before the servers: a dataset that cannot be read costs no start-up
+            run.datasets = record_datasets(
+                out_dir, list(mix.members), config.run.limit, mix.id_scheme
+            )
         with simulated_server(config) as live_config:
             run.config = live_config
-            return run_until_done(run.execute())
+            summary = run_until_done(run.execute())
     except EagledataError as error:
         raise error.naming_run_dir(out_dir) from None
     finally:
         run_dir.unlock()
+        removed = created is not None and _remove_unstarted(created, run_dir)
+    # stopped while starting a new run: nothing is left to resume, the command is run again
+    return replace(summary, resumable=False) if removed else summary
+
+
+def _first_missing(path: Path) -> Path | None:
+    """The outermost folder of ``path`` that does not exist yet (None: ``path`` exists)."""
+    missing = None
+    for folder in (path, *path.parents):
+        if folder.exists() or folder.is_symlink():
+            break
+        missing = folder
+    return missing
+
+
+def _remove_unstarted(created: Path, run_dir: RunDir) -> bool:
+    """A start that did not start leaves nothing behind: the folders this session created are
+    removed when it ends without a ``run.json`` (written once every server has passed: no
+    server, settings or a server refused, an empty dataset, a stop while starting). A folder
+    that existed before the session is never touched; a run that started is kept, to resume.
+    Returns whether they were removed."""
+    if run_dir.exists():
+        return False
+    shutil.rmtree(created, ignore_errors=True)
+    return True
+
+
+def _check_datasets(run_dir: RunDir, mix: Mix, row_limit: int | None) -> None:
+    """The datasets the run was started with, row for row (``source/fingerprint.py``); rows
+    added at their end are planned: the plan is read to its end again."""
+    stored = run_dir.read().get("datasets")
+    if not isinstance(stored, dict):
+        return  # a run started before datasets were recorded
+    members = list(mix.members)
+    updated, grew = check_datasets(run_dir.path, members, stored, row_limit, mix.id_scheme)
+    if updated is None:
+        return
+    if grew:
+        (run_dir.path / "plan.json").unlink(missing_ok=True)
+        run_dir.update(datasets=updated, planned_estimate=None)
+    else:
+        run_dir.update(datasets=updated)
 
 
 def _check_canary_frozen(run_dir: RunDir, config: AppConfig) -> None:

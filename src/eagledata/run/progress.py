@@ -11,6 +11,8 @@ from typing import TextIO
 
 from tqdm import tqdm
 
+from eagledata.rundir.totals import count_mismatch
+
 
 class RateWindow:
     """Tokens per second over the last ``window_s`` seconds (the lifetime mean hides stalls)."""
@@ -165,6 +167,23 @@ class Summary:
     rate: str = ""
     """The run's output rate, as ``status`` says it (rundir/rates.py)."""
     failure_reasons: dict[str, int] = field(default_factory=dict)
+    plan_complete: bool = False
+    """``planned`` is the plan read to its end (``plan.json``), not an estimate."""
+    resumable: bool = True
+    """False when a new run was stopped while starting: its folder was removed, nothing to
+    resume."""
+
+    @property
+    def mismatch(self) -> str | None:
+        """The run holds more outcomes than its plan has items (``left`` would be negative)."""
+        return count_mismatch(
+            self.run_dir,
+            self.planned,
+            self.written,
+            self.failed,
+            self.skipped,
+            plan_complete=self.plan_complete,
+        )
 
     @property
     def all_failed(self) -> str | None:
@@ -193,6 +212,12 @@ class Summary:
             lines.append(f"quality: {self.quality}")
         if self.canary:
             lines.append(f"canary: {self.canary}")
+        if self.interrupted and not self.resumable:
+            lines.append(
+                f"stopped early: {self.interrupted}; the run had not started, so "
+                f"{self.run_dir} was removed: run the same command again"
+            )
+            return "\n".join(lines)
         if self.interrupted:
             lines.append(
                 f"stopped early: {self.interrupted}; continue with "

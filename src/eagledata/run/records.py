@@ -51,6 +51,7 @@ def make_record(
     conversation_turns: int,
     reasoning_tokens: int | None,
     prompt_key: str,
+    row_hash: str = "",
 ) -> RecordLine:
     """Every field of one JSON type whatever the answer (``RecordLine``): what the server did
     not report is written as its typed none (``NONE_VALUES``), never null. ``reasoning_tokens``
@@ -85,6 +86,7 @@ def make_record(
         spec_verify_ct=_or_none(result.spec_verify_ct, "spec_verify_ct"),
         reasoning_tokens=reasoning_tokens,
         prompt_key=prompt_key,
+        row_hash=row_hash,
     )
 
 
@@ -112,4 +114,5 @@ def record_of(answer: ExaminedAnswer) -> RecordLine:
         # a plan computes the key of every prompt; "" (the field's none) only for an item
         # built without one
         prompt_key=item.prompt_key or "",
+        row_hash=item.row_hash,
     )

@@ -172,7 +172,9 @@ class Run(SessionStartup):
             written=totals.written,
             failed=totals.failed,
             skipped=totals.skipped,
-            left=None if planned is None else planned - done,
+            # never negative: more outcomes than planned is ``Summary.mismatch``, an error
+            left=None if planned is None else max(planned - done, 0),
+            plan_complete=(self.run_dir.path / "plan.json").is_file(),
             session_records=self.counts.records,
             session_failures=self.counts.failures,
             session_tokens=self.counts.tokens,

@@ -6,6 +6,7 @@ counts), which the steps' classes build on: ``session_items`` (each work item),
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from eagledata.config import AppConfig, FrozenSettings
 from eagledata.run.scheduler import RetryPolicy
@@ -50,6 +51,8 @@ class RunBase:
         """What the plan needs from the committed files besides the done ids (dedupe keys,
         conversations to continue), read with them when the session opens the run."""
         self.turns: TurnSource | None = None
+        self.datasets: dict[str, Any] = {}
+        """``run.json``'s ``datasets`` on a first session (``source/fingerprint.py``)."""
 
     def _count_failure(self, item: WorkItem | None = None) -> None:
         self.counts.failures += 1

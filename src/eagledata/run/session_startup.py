@@ -165,6 +165,10 @@ class SessionStartup(SessionItems):
         return {
             "config": self.config.model_dump(mode="json", by_alias=True),
             "planned_estimate": estimate,
+            # how rows without an id are named (source/dataset.py): kept for the run's life
+            "row_id_scheme": self.mix.id_scheme,
+            # each dataset's file fingerprint; its rows' are rows/NAME.jsonl (fingerprint.py)
+            "datasets": self.datasets,
             # Frozen for the run's life: resume keeps it (``--no-canary`` at generate only).
             "canary": {"enabled": self.config.canary.enabled},
             "server_facts": {

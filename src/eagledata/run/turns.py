@@ -222,6 +222,7 @@ class TurnSource:
                     prompt_key=item.prompt_key,
                     turn=turn,
                     conversation=conversation,
+                    row_hash=item.row_hash,
                 )
             )
         return built

@@ -165,6 +165,7 @@ NONE_VALUES: dict[str, object] = {
     "e2e_latency": 0.0,
     "spec_verify_ct": 0,
     "prompt_key": "",
+    "row_hash": "",
 }
 """The typed "none" of each record field an answer may lack, written instead of null: a column
 null in every record of a consumer's first block is typed ``null`` by ``datasets.load_dataset``,
@@ -280,6 +281,12 @@ class RecordLine(Line):
         default="",
         description="the hash a duplicate prompt is found by (of the prompt ids; under `turns "
         '= "all"` of the first prompt\'s ids and the later user messages); "" where none',
+    )
+    row_hash: str = Field(
+        default="",
+        description="the hash of the source row's prompt content it was made from "
+        "(`rows/NAME.jsonl` holds every row's, as the run started): a row id never silently "
+        'names another row, and `verify` checks it; "" in records written before it existed',
     )
 
     @field_validator("flags", mode="before")
@@ -492,6 +499,9 @@ class ShardIndexLine(Line):
     )
     prompt_keys: list[str] = Field(
         default=[], description="each record's `prompt_key`, empty where none (dedupe on resume)"
+    )
+    row_hashes: list[str] = Field(
+        default=[], description="each record's `row_hash`, empty where none (verify checks them)"
     )
     digest: str = Field(default="", description="blake2b-128 of the object without it")
 

@@ -2,7 +2,9 @@
 
 Layout of a run directory::
 
-    run.json          schema version, frozen settings + fingerprint, versions, server facts
+    run.json          schema version, frozen settings + fingerprint, versions, server facts,
+                      each dataset's file fingerprint (``datasets``)
+    rows/NAME.jsonl   each dataset's row ids and row hashes as the run started (``rowprints``)
     shards/*.jsonl    sealed record shards (complete or absent)
     shards/*.idx.json one index per sealed shard (``shardindex``): read instead of the records
     pending/*.jsonl   the open journal of the running (or crashed) process

@@ -69,6 +69,7 @@ class IndexBuilder:
     datasets: dict[str, int] = field(default_factory=dict)
     turns_left: list[int] = field(default_factory=list)
     prompt_keys: list[str] = field(default_factory=list)
+    row_hashes: list[str] = field(default_factory=list)
     hasher: Any = field(default_factory=new_checksum)
 
     def add(self, line: bytes, record: object) -> None:
@@ -108,6 +109,8 @@ class IndexBuilder:
         self.turns_left.append(turns_left(record))
         key = record.get("prompt_key")
         self.prompt_keys.append(key if isinstance(key, str) else "")
+        row = record.get("row_hash")
+        self.row_hashes.append(row if isinstance(row, str) else "")
 
     def add_unparsable(self, line: bytes) -> None:
         self.hasher.update(line)
@@ -134,6 +137,7 @@ class IndexBuilder:
             datasets=self.datasets,
             turns_left=self.turns_left,
             prompt_keys=self.prompt_keys,
+            row_hashes=self.row_hashes,
         )
 
 
@@ -245,6 +249,7 @@ INDEXED_FIELDS = (
     "datasets",
     "turns_left",
     "prompt_keys",
+    "row_hashes",
 )
 
 

@@ -15,8 +15,9 @@ import orjson
 
 from eagledata.rundir.lines import LineError, ShardIndexLine
 
-INDEX_VERSION = 3
-"""3: ``started_at`` per record (the run's active time, ``rundir/rates.py``), ``settings``
+INDEX_VERSION = 4
+"""4: each record's ``row_hash`` (``verify`` checks it against the run's rows). 3:
+``started_at`` per record (the run's active time, ``rundir/rates.py``), ``settings``
 (records per settings fingerprint), records per dataset, turns left and prompt keys. An older
 index is rebuilt from its shard like any index it cannot trust: in memory by a reader, written
 back by the next ``resume``."""
@@ -70,6 +71,8 @@ class ShardIndex:
     turns_left: list[int] = field(default_factory=list)
     # per record, in file order: its prompt key, "" where none (dedupe on resume)
     prompt_keys: list[str] = field(default_factory=list)
+    # per record, in file order: its row's hash, "" where none (verify checks them)
+    row_hashes: list[str] = field(default_factory=list)
 
     @property
     def records(self) -> int:
@@ -99,6 +102,7 @@ class ShardIndex:
             datasets=self.datasets,
             turns_left=self.turns_left,
             prompt_keys=self.prompt_keys,
+            row_hashes=self.row_hashes,
         )
 
     def to_bytes(self) -> bytes:
@@ -140,6 +144,7 @@ class ShardIndex:
             datasets=line.datasets,
             turns_left=line.turns_left,
             prompt_keys=line.prompt_keys,
+            row_hashes=line.row_hashes,
         )
         index.check_consistent(line.records)
         return index
@@ -153,6 +158,7 @@ class ShardIndex:
             == len(self.spec_verify_ct)
             == len(self.turns_left)
             == len(self.prompt_keys)
+            == len(self.row_hashes)
             == records
         )
         if not (

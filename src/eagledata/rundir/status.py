@@ -20,7 +20,7 @@ from eagledata.rundir.lines import LineError, QualityLine, TelemetryLine
 from eagledata.rundir.manifest import RunDir
 from eagledata.rundir.rates import Rate, duration
 from eagledata.rundir.telemetry import TELEMETRY_FILE, lane_name
-from eagledata.rundir.totals import RunTotals, scan_totals
+from eagledata.rundir.totals import RunTotals, count_mismatch, scan_totals
 
 
 @dataclass(frozen=True)
@@ -57,8 +57,23 @@ class StatusReport:
         return max(self.planned - self.written - self.failed - self.skipped, 0)
 
     @property
+    def mismatch(self) -> str | None:
+        """More outcomes than planned: ``left`` would be negative (an error, not 0 left)."""
+        return count_mismatch(
+            self.run_dir,
+            self.planned,
+            self.written,
+            self.failed,
+            self.skipped,
+            plan_complete=self.plan_complete,
+        )
+
+    @property
     def eta_s(self) -> float | None:
-        """Seconds left at the recent rate (0 when nothing is left; None: no rate yet)."""
+        """Seconds left at the recent rate (0 when nothing is left; None: no rate yet, or
+        counts that disagree)."""
+        if self.mismatch:
+            return None
         if self.left == 0:
             return 0.0
         per_s = self.recent.records_per_s or self.overall.records_per_s
@@ -71,7 +86,9 @@ class StatusReport:
         if self.planned is not None and not self.plan_complete:
             planned += " (estimate)"
         left = "unknown until the dataset is read" if self.left is None else f"{self.left:,}"
-        if self.left == 0:
+        if self.mismatch:
+            eta = "unknown: the counts disagree (problem below)"
+        elif self.left == 0:
             eta = "done"
         elif self.eta_s is None:
             eta = "after the first rated minutes"
@@ -95,6 +112,8 @@ class StatusReport:
         for name, entry in self.datasets.items():
             lines.append(f"dataset:  {name}: {_dataset_line(entry)}")
         lines += [f"load:     {_load_line(entry)}" for entry in (self.load or {}).values()]
+        if self.mismatch:
+            lines.append(f"problem:  {self.mismatch}")
         return "\n".join(lines)
 
     def _recent_text(self) -> str:
@@ -128,6 +147,7 @@ class StatusReport:
             "load": self.load,
             "speculative": self.speculative_json,
             "datasets": {name: dict(entry) for name, entry in self.datasets.items()},
+            "problem": self.mismatch,
         }
 
     def _failed_reasons(self) -> dict[str, int]:

@@ -120,6 +120,29 @@ class RunTotals:
         return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
 
 
+def count_mismatch(
+    run_dir: Path | str,
+    planned: int | None,
+    written: int,
+    failed: int,
+    skipped: int,
+    *,
+    plan_complete: bool,
+) -> str | None:
+    """Why ``planned = written + failed + skipped + left`` cannot hold with ``left >= 0``: the
+    run holds more outcomes than its plan, read to its end, has items. None when it holds, or
+    when ``planned`` is only an estimate (a share of a dataset's rows is its expected count)."""
+    done = written + failed + skipped
+    if planned is None or not plan_complete or done <= planned:
+        return None
+    return (
+        f"{run_dir} holds {done:,} records and failure lines (written {written:,} + failed "
+        f"{failed:,} + skipped {skipped:,}) but its plan has {planned:,} items: "
+        f"{done - planned:,} more than planned, so its dataset or its files changed under it; "
+        f"run 'eagledata verify {run_dir}' to find them"
+    )
+
+
 def record_files(run_dir: Path) -> list[Path]:
     """Every file that holds records: sealed shards, then the open journal."""
     return sealed_shards(run_dir) + pending_journals(run_dir)

@@ -24,6 +24,7 @@ from eagledata.rundir.journal import iter_jsonl_lines
 from eagledata.rundir.lines import FailureLine, LineError, RecordLine
 from eagledata.rundir.manifest import RunDir
 from eagledata.rundir.quarantine import Quarantine, failure_problem, record_problem
+from eagledata.rundir.rowprints import RowPrints, rows_path
 from eagledata.rundir.shardindex import (
     IndexBuilder,
     build_index,
@@ -53,13 +54,16 @@ class VerifyReport:
         self.problems.append(problem)
 
 
-def _check_record(record: object, where: str, report: VerifyReport) -> str | None:
-    """The line against the record contract (``rundir/lines.py``), then SGLang's own counts."""
+def _check_record(record: object, where: str, report: VerifyReport, rows: RowPrints) -> str | None:
+    """The line against the record contract (``rundir/lines.py``), then SGLang's own counts,
+    then its row's hash against the run's rows."""
     try:
         line = RecordLine.from_object(record)
     except LineError as exc:
         report.add(f"{where}: not a record ({exc}); {REPAIR}")
         return None
+    if (problem := rows.problem(line.id, line.row_hash)) is not None:
+        report.add(f"{where}: {line.id}: {problem}")
     if line.prompt_tokens != len(line.input_ids):
         report.add(
             f"{where}: prompt_tokens {line.prompt_tokens} != {len(line.input_ids)} ids; {REPAIR}"
@@ -103,6 +107,7 @@ def _check_lines(
     report: VerifyReport,
     claims: _Claims,
     builder: IndexBuilder | None,
+    rows: RowPrints,
 ) -> None:
     """Read every line of a shard or journal: JSON, required keys, token counts, ids."""
     data = path.read_bytes()
@@ -128,15 +133,21 @@ def _check_lines(
         if builder is not None:
             builder.add(line, record)
         report.records += 1
-        item_id = _check_record(record, where, report)
+        item_id = _check_record(record, where, report, rows)
         if item_id is not None:
             ids.append(item_id)
     claims.claim_all(ids)
 
 
-def _check_index(index: ShardIndex, relative: Path, report: VerifyReport, claims: _Claims) -> None:
-    """A trusted index stands for its shard: its counts, its finish reasons, its ids."""
+def _check_index(
+    index: ShardIndex, relative: Path, report: VerifyReport, claims: _Claims, rows: RowPrints
+) -> None:
+    """A trusted index stands for its shard: its counts, its finish reasons, its ids, its
+    records' row hashes."""
     report.records += index.records
+    for item_id, row_hash in zip(index.ids, index.row_hashes, strict=True):
+        if (problem := rows.problem(item_id, row_hash)) is not None:
+            report.add(f"{relative}: {item_id}: {problem}")
     if index.invalid_lines:
         report.add(f"{relative}: {index.invalid_lines} line(s) that are not records; {REPAIR}")
     for reason in sorted(set(index.finish_reasons) - {"stop", "length"}):
@@ -194,8 +205,16 @@ def verify_run(path: Path, *, full: bool = False) -> VerifyReport:
     (``full`` also compares each index with its shard). Nothing is written.
     """
     run_dir = RunDir(path)
-    run_dir.read()  # refuses a non-run directory or another schema with its own message
+    manifest = run_dir.read()  # refuses a non-run directory or another schema with its message
+    datasets = manifest.get("datasets")
+    rows = RowPrints.load(path, datasets if isinstance(datasets, dict) else ())
     report = VerifyReport()
+    for name in sorted(set(datasets or ()) - rows.datasets):
+        report.add(
+            f"{rows_path(path, name).relative_to(path)} is missing: run.json records dataset "
+            f"{name}, but its rows are gone and its records cannot be checked against them; "
+            "restore the file from a copy of the run"
+        )
     claims = _Claims()
     rebuilt: dict[str, list[str]] = {}
     settings: dict[str, dict[str, int]] = {}
@@ -208,13 +227,13 @@ def verify_run(path: Path, *, full: bool = False) -> VerifyReport:
         except IndexRejected as rejected:
             rebuilt.setdefault(rejected.kind, []).append(shard.name)
         if trusted is not None and not full:
-            _check_index(trusted, relative, report, claims)
+            _check_index(trusted, relative, report, claims, rows)
             settings[str(relative)] = dict(trusted.settings)
             continue
         try:
             before = shard.stat()
             builder = IndexBuilder(shard.name)
-            _check_lines(shard, relative, report, claims, builder)
+            _check_lines(shard, relative, report, claims, builder, rows)
         except FileNotFoundError:
             continue
         fresh = builder.finish(before.st_size, before.st_mtime_ns)
@@ -234,7 +253,7 @@ def verify_run(path: Path, *, full: bool = False) -> VerifyReport:
         )
     for journal in pending_journals(path):
         journal_index = IndexBuilder(journal.name)
-        _check_lines(journal, journal.relative_to(path), report, claims, journal_index)
+        _check_lines(journal, journal.relative_to(path), report, claims, journal_index, rows)
         settings[str(journal.relative_to(path))] = journal_index.settings
     failures = path / "failures.jsonl"
 

@@ -93,15 +93,27 @@ def check_local_source(dataset: ResolvedDataset, config_source: str | None = Non
     )
 
 
-def _row_id(data: dict[str, Any], index: int, id_field: str | None) -> str:
+ROW_ID_SCHEME = 2
+"""How rows without an id of their own are named: 2, ``#INDEX`` (an own id that starts with ``#``
+gets one more ``#``, so the two kinds never meet); 1 (runs started before it), the bare index,
+which a later row's own id of the same value took too. ``run.json`` records the scheme a run
+started with (``row_id_scheme``) and resume keeps it."""
+
+
+def fallback_id(index: int, scheme: int = ROW_ID_SCHEME) -> str:
+    """The id of a row that has none of its own (or could not be read)."""
+    return f"#{index}" if scheme >= 2 else str(index)
+
+
+def _row_id(data: dict[str, Any], index: int, id_field: str | None, scheme: int) -> str:
     fields = (id_field,) if id_field else KNOWN_ID_FIELDS
     for field in fields:
         value = data.get(field)
         if isinstance(value, str) and value:
-            return value
+            return f"#{value}" if scheme >= 2 and value.startswith("#") else value
         if isinstance(value, int) and not isinstance(value, bool):
             return str(value)
-    return str(index)
+    return fallback_id(index, scheme)
 
 
 def _iter_jsonl(path: Path) -> Iterator[tuple[dict[str, Any] | None, str | None]]:
@@ -157,8 +169,11 @@ def _iter_with_datasets(settings: DatasetSettings) -> Iterator[tuple[dict[str, A
         raise DatasetError(f"cannot read dataset {source}: {first_line}{hint}") from None
 
 
-def iter_rows(settings: DatasetSettings, limit: int | None = None) -> Iterator[SourceRow]:
-    """Stream rows with stable ids: the dataset's own id field where it has one, else the index."""
+def iter_rows(
+    settings: DatasetSettings, limit: int | None = None, *, id_scheme: int = ROW_ID_SCHEME
+) -> Iterator[SourceRow]:
+    """Stream rows with stable ids: the dataset's own id field where it has one, else ``#INDEX``
+    (``ROW_ID_SCHEME``: an own id never meets an index's)."""
     source = local_path(settings)
     raw: Iterator[tuple[dict[str, Any] | None, str | None]]
     if source.suffix == ".jsonl":
@@ -169,9 +184,11 @@ def iter_rows(settings: DatasetSettings, limit: int | None = None) -> Iterator[S
         raw = _iter_with_datasets(settings)
     for index, (data, error) in enumerate(itertools.islice(raw, limit)):
         if data is None:
-            yield SourceRow(index=index, row_id=str(index), data=None, error=error)
+            row_id = fallback_id(index, id_scheme)
+            yield SourceRow(index=index, row_id=row_id, data=None, error=error)
         else:
-            yield SourceRow(index=index, row_id=_row_id(data, index, settings.id_field), data=data)
+            row_id = _row_id(data, index, settings.id_field, id_scheme)
+            yield SourceRow(index=index, row_id=row_id, data=data)
 
 
 def count_rows(settings: DatasetSettings, limit: int | None = None) -> int | None:

@@ -23,7 +23,13 @@ from dataclasses import dataclass
 from eagledata.config import AppConfig, FrozenSettings, GenerationSettings, MixMember
 from eagledata.errors import BadRowError, ConfigError, DatasetError
 from eagledata.source.conversations import split_turns
-from eagledata.source.dataset import SourceRow, count_rows, iter_rows, resolve_dataset
+from eagledata.source.dataset import (
+    ROW_ID_SCHEME,
+    SourceRow,
+    count_rows,
+    iter_rows,
+    resolve_dataset,
+)
 from eagledata.source.prompts import row_messages
 
 
@@ -34,6 +40,9 @@ class Mix:
     name: str
     members: tuple[MixMember, ...]
     seed: int = 0
+    id_scheme: int = ROW_ID_SCHEME
+    """How rows without an id are named (``dataset.ROW_ID_SCHEME``): the scheme the run
+    started with (``run.json``'s ``row_id_scheme``; 1 where it holds none)."""
 
     @classmethod
     def of(cls, frozen: FrozenSettings) -> Mix:
@@ -88,9 +97,11 @@ def _share_keeps(seed: int, name: str, index: int, share: float) -> bool:
     return int.from_bytes(digest) / 2**64 < share
 
 
-def member_rows(member: MixMember, seed: int, row_limit: int | None) -> Iterator[SourceRow]:
+def member_rows(
+    member: MixMember, seed: int, row_limit: int | None, id_scheme: int = ROW_ID_SCHEME
+) -> Iterator[SourceRow]:
     """The rows the run takes of one dataset, in the dataset's order."""
-    rows = iter_rows(member.dataset, row_limit)
+    rows = iter_rows(member.dataset, row_limit, id_scheme=id_scheme)
     if member.share is not None:
         share = member.share
         yield from (row for row in rows if _share_keeps(seed, member.name, row.index, share))
@@ -117,7 +128,9 @@ def member_rows(member: MixMember, seed: int, row_limit: int | None) -> Iterator
 
 def mix_rows(mix: Mix, row_limit: int | None) -> Iterator[tuple[MixMember, SourceRow]]:
     """Rows of every dataset, one from each in turn until each has given what it gives."""
-    streams = [(member, member_rows(member, mix.seed, row_limit)) for member in mix.members]
+    streams = [
+        (member, member_rows(member, mix.seed, row_limit, mix.id_scheme)) for member in mix.members
+    ]
     if len(streams) == 1:  # one dataset: its rows, without the turn-taking
         member, rows = streams[0]
         yield from ((member, row) for row in rows)
@@ -157,7 +170,10 @@ def estimate_items(mix: Mix, generation: GenerationSettings, row_limit: int | No
         if rows is None:
             return None
         if settings.turns == "all":
-            rows = sum(_turns_of(row, member) for row in member_rows(member, mix.seed, row_limit))
+            rows = sum(
+                _turns_of(row, member)
+                for row in member_rows(member, mix.seed, row_limit, mix.id_scheme)
+            )
         total += rows * settings.samples_per_prompt
     return total
 

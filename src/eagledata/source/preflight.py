@@ -31,13 +31,15 @@ def _prompt_field_fix(dataset: ResolvedDataset, first_row: dict[str, object] | N
 
 
 def check_first_rows(dataset: ResolvedDataset, config_source: str | None = None) -> None:
-    """Raise ``DatasetError`` when every one of the first rows of a local file fails the same
-    way (a few bad rows among good ones go to the failure file as usual)."""
+    """Raise ``DatasetError`` when a local file holds no row, or when every one of its first
+    rows fails the same way (a few bad rows among good ones go to the failure file as usual)."""
     if local_path(dataset.settings).suffix not in LOCAL_BUILDERS:
         return  # a hub dataset: read once, by the run itself
     reasons: list[tuple[str, str]] = []
     first_row: dict[str, object] | None = None
+    read = 0
     for row in iter_rows(dataset.settings, limit=PREFLIGHT_ROWS):
+        read += 1
         first_row = first_row or row.data
         if row.data is None:
             reasons.append(("unreadable", row.error or "unreadable row"))
@@ -48,6 +50,11 @@ def check_first_rows(dataset: ResolvedDataset, config_source: str | None = None)
             reasons.append((exc.reason, str(exc)))
             continue
         return  # one usable row: the rest is the failure file's business
+    if not read:  # said here, before a run directory, the tokenizer or a server is touched
+        raise DatasetError(
+            f"dataset {dataset.name} ({local_path(dataset.settings)}) is empty: it holds no "
+            "rows to generate; put rows in it, or pass another --dataset"
+        )
     if not reasons or len({reason for reason, _ in reasons}) != 1:
         return
     reason, message = reasons[0]

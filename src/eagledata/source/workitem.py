@@ -35,6 +35,8 @@ class WorkItem:
     turn: int = 0
     conversation: Conversation | None = None
     """Under ``turns = "all"``: the conversation this turn belongs to."""
+    row_hash: str = ""
+    """Its source row's hash (``source/fingerprint.py``): the record carries it."""
 
     @property
     def conversation_id(self) -> str:

@@ -39,6 +39,7 @@ from eagledata.source.conversations import (
     with_reasoning_field,
 )
 from eagledata.source.dataset import SourceRow
+from eagledata.source.fingerprint import row_hash
 from eagledata.source.mix import Mix, mix_rows
 from eagledata.source.prompts import Message, row_messages, to_messages
 from eagledata.source.tokenization import LengthLimit, PromptTokenizer, check_length
@@ -159,6 +160,7 @@ class WorkPlan(Iterator[WorkItem | Answered | Outcome]):
         if self._is_duplicate(plan, key):
             yield from self._skip_duplicate(plan)
             return
+        hashed = row_hash(plan.row, dataset.member.dataset)
         for sample, _, item_id in plan.todo:
             yield WorkItem(
                 item_id,
@@ -169,6 +171,7 @@ class WorkPlan(Iterator[WorkItem | Answered | Outcome]):
                 dataset=name,
                 params=dataset.params,
                 prompt_key=key,
+                row_hash=hashed,
             )
 
     # --- turns = "all": one conversation per sample, one item per turn ----------------------
@@ -232,6 +235,7 @@ class WorkPlan(Iterator[WorkItem | Answered | Outcome]):
             plan.todo = [entry for entry in plan.todo if entry[1] < empty]
             message = f"turn {empty}'s user message is empty: the conversation stops before it"
             yield from self._outcomes(plan, cut, "empty_prompt", message, key=key)
+        hashed = row_hash(plan.row, dataset.member.dataset)
         for sample in range(samples):
             todo = [entry for entry in plan.todo if entry[0] == sample]
             if not todo:
@@ -255,6 +259,7 @@ class WorkPlan(Iterator[WorkItem | Answered | Outcome]):
                     params=dataset.params,
                     prompt_key=key,
                     conversation=conversation,
+                    row_hash=hashed,
                 )
                 continue
             tail = self.state.tails.get(conversation.conversation_id)
@@ -267,10 +272,16 @@ class WorkPlan(Iterator[WorkItem | Answered | Outcome]):
                     key=key,
                 )
                 continue
-            yield self._continue_from(tail, conversation, plan, sample, key)
+            yield self._continue_from(tail, conversation, plan, sample, key, hashed)
 
     def _continue_from(
-        self, tail: RecordLine, conversation: Conversation, plan: _Row, sample: int, key: str
+        self,
+        tail: RecordLine,
+        conversation: Conversation,
+        plan: _Row,
+        sample: int,
+        key: str,
+        hashed: str,
     ) -> Answered:
         """Resume: the conversation goes on from its last committed turn's record."""
         dataset = plan.dataset
@@ -285,6 +296,7 @@ class WorkPlan(Iterator[WorkItem | Answered | Outcome]):
             prompt_key=key,
             turn=tail.turn or 0,
             conversation=conversation,
+            row_hash=hashed,
         )
         return Answered(previous, tail.output_ids, tail.finish_reason, tail.matched)
 
