@@ -227,9 +227,10 @@ def plan_profile(
         slack = workload.slack_tokens + spec.extra_kv_tokens_per_request
         workload = workload.model_copy(update={"slack_tokens": slack})
     deployment = Deployment.from_profile(profile)
+    kv = KVModel.from_section(profile.model, base_dir=base_dir)
     row = plan_deployment(
         label=profile.name,
-        model=KVModel.from_section(profile.model, base_dir=base_dir),
+        model=kv,
         hardware=placement.hardware,
         deployment=deployment,
         workload=workload,
@@ -252,6 +253,7 @@ def plan_profile(
     row = row.model_copy(
         update={
             "parallelism": f"{placement.servers}x {layout}" if placement.servers > 1 else layout,
+            "attention": kv.kind,
             "rig": target.name,
             "nodes": profile.nnodes,
             "gpus": placement.gpus,
