@@ -528,3 +528,17 @@ def test_launch_server_with_a_model_renders_its_command(tmp_path: Path, tokenize
     )
     assert refused.returncode == 2
     assert "--tp 3" in refused.stderr and "dividing the attention heads" in refused.stderr
+
+
+def test_weights_no_node_holds_are_planned_over_every_node(
+    tmp_path: Path, tokenizer_dir: str
+) -> None:
+    """On two nodes of 8x 80 GB no TP8 layout holds DeepSeek-V3's weights; one TP16 server over
+    both nodes does, and the plan says how to launch it."""
+    folder = fixture_model("deepseek-v3", tmp_path, tokenizer_dir)
+    document = plan_json("--model", str(folder), "--rig", "h100x16", cwd=tmp_path)
+    rows = {row["profile"]: row for row in document["profiles"]}
+    assert not rows["deepseek-v3-tp8"]["starts"]
+    tp16 = rows["deepseek-v3-tp16"]
+    assert tp16["starts"] and tp16["nodes"] == 2
+    assert "--tp 16 --nnodes 2" in tp16["settle"]

@@ -7,6 +7,7 @@ input that was not measured named as an assumption in the row:
 * the layouts: TP over 1, 2, 4 ... GPUs of a node (the attention heads divisible by TP, as SGLang
   requires), one server per TP group (the plan counts them together behind sglang-router); for
   MLA models, which SGLang's DP attention serves, TP over the node with 2, 4, 8 attention-DP ranks;
+  on a rig of several nodes none of which holds the weights, one server over all of them;
 * the KV cell: ``profiles/kv.py``, SGLang's own arithmetic (``tests/test_kv_cells.py``);
 * what one GPU holds: the weights by part (``profiles/weights.py``) plus the runtime buffers
   the reference runs left (``RUNTIME_BUFFERS_GIB``); under DP attention the attention and
@@ -45,7 +46,9 @@ MIN_STEP_S = 0.010
 """No decode step is taken to be shorter (kernel launches, all-reduces), whatever the model."""
 
 
-def derived_profile(target: TargetModel, rig: Rig, tp: int, dp: int = 1) -> Profile:
+def derived_profile(
+    target: TargetModel, rig: Rig, tp: int, dp: int = 1, nnodes: int = 1
+) -> Profile:
     """The profile of ``target`` at TP ``tp`` (with ``dp`` attention-DP ranks): what
     ``launch-server --model`` starts. ``ConfigError`` when SGLang could not split it so."""
     heads = _attention_heads(target)
@@ -60,7 +63,9 @@ def derived_profile(target: TargetModel, rig: Rig, tp: int, dp: int = 1) -> Prof
             f"--dp-attention {dp}: DP attention is planned for MLA models only, with dp "
             f"dividing --tp {tp}"
         )
-    return _profile(target, rig, estimate_weights(target.config), tp, dp)
+    if nnodes < 1 or tp % nnodes:
+        raise ConfigError(f"--nnodes {nnodes}: must divide --tp {tp} (the GPUs of each node)")
+    return _profile(target, rig, estimate_weights(target.config), tp, dp, nnodes)
 
 
 def derive_profiles(target: TargetModel, rig: Rig) -> list[Profile]:
@@ -75,6 +80,10 @@ def derive_profiles(target: TargetModel, rig: Rig) -> list[Profile]:
     ]
     plain = [tp for tp in sizes if fitting and tp >= fitting[0]] or sizes[-1:]
     profiles = [_profile(target, rig, weights, tp, 1) for tp in plain]
+    whole = rig.gpus_per_node * rig.nodes
+    if not fitting and rig.nodes > 1 and _tp_divides(whole, heads, kv):
+        # nothing fits one node: one server over every node of the rig
+        profiles.append(_profile(target, rig, weights, whole, 1, nnodes=rig.nodes))
     node = rig.gpus_per_node
     if kv.attention == "mla" and node in sizes:
         profiles += [
@@ -85,7 +94,9 @@ def derive_profiles(target: TargetModel, rig: Rig) -> list[Profile]:
     return profiles
 
 
-def _profile(target: TargetModel, rig: Rig, weights: WeightEstimate, tp: int, dp: int) -> Profile:
+def _profile(
+    target: TargetModel, rig: Rig, weights: WeightEstimate, tp: int, dp: int, nnodes: int = 1
+) -> Profile:
     kv = target.kv
     slug = re.sub(r"[^a-z0-9.]+", "-", (target.hub_id or target.path.name).lower()).strip("-")
     name = f"{slug}-tp{tp}" if dp == 1 else f"{slug}-dpa{dp}"
@@ -95,6 +106,8 @@ def _profile(target: TargetModel, rig: Rig, weights: WeightEstimate, tp: int, dp
     args |= {"tp-size": tp, "kv-cache-dtype": "bf16", "mem-fraction-static": MEM_FRACTION}
     if dp > 1:
         args |= {"dp-size": dp, "enable-dp-attention": True}
+    if nnodes > 1:
+        args["nnodes"] = nnodes
     args["enable-metrics"] = True
     resident = weights.per_gpu_gib(tp) + RUNTIME_BUFFERS_GIB
     replicated = min(resident, weights.replicated_gib() + RUNTIME_BUFFERS_GIB)
@@ -136,6 +149,7 @@ def _profile(target: TargetModel, rig: Rig, weights: WeightEstimate, tp: int, dp
     )
     servers = rig.gpus_per_node // tp
     layout = f"TP{tp}" + (f" with {dp} attention-DP ranks" if dp > 1 else "")
+    layout += f" over {nnodes} nodes" if nnodes > 1 else ""
     return Profile(
         name=name,
         source=str(target.path / "config.json"),
@@ -145,6 +159,7 @@ def _profile(target: TargetModel, rig: Rig, weights: WeightEstimate, tp: int, dp
         evidence="unverified",
         settle=f"launch it (eagledata launch-server --model {target.given} --tp {tp}"
         + (f" --dp-attention {dp}" if dp > 1 else "")
+        + (f" --nnodes {nnodes}, on each node with --node-rank R" if nnodes > 1 else "")
         + "): the KV tokens its start-up log allocates, and status's tok/s",
         notes=[f"{servers} servers of TP{tp} per node"] if servers > 1 else [],
         sglang_versions=[r.version for r in releases() if not unsupported(args, r)],

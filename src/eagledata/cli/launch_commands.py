@@ -79,6 +79,12 @@ def launch_server(
             metavar="D", help="With --model (MLA models): DP attention over D of the TP ranks"
         ),
     ] = 1,
+    nnodes: Annotated[
+        int,
+        typer.Option(
+            metavar="N", help="With --model: the server spans N nodes (TP ranks split evenly)"
+        ),
+    ] = 1,
 ) -> None:
     """Start SGLang from a profile (bf16 KV enforced); extra args after -- pass through.
 
@@ -124,7 +130,7 @@ def launch_server(
         lambda: (
             load_profile(profile or DEFAULT_PROFILE, profiles_dir)
             if model is None
-            else derived_profile(resolve_target(model), reference_rig(), tp, dp_attention)
+            else derived_profile(resolve_target(model), reference_rig(), tp, dp_attention, nnodes)
         )
     )
     node = guarded(lambda: chosen.node(node_rank, dist_init_addr))
