@@ -1,6 +1,7 @@
 """One token's KV cell, as eagledata computes it from a ``config.json``, equals SGLang 0.5.23's own
 arithmetic for the same config: its ``ModelConfig``, layer count and pool configurator, run on
-this CPU machine by ``tests/sglang_probe.py`` (``tests/sglangkit.py`` builds the release).
+this CPU machine by ``tests/sglang_probe.py`` (``tests/sglangkit.py`` builds the release); and
+``plan --model`` plans every layout it derives with that same cell.
 
 The fixtures in ``tests/fixtures/models/`` are the ``config.json`` files (configs only, no
 weights) of four attention layouts: GQA (Llama-3.1-8B), GQA with a head_dim of its own and fewer
@@ -83,3 +84,36 @@ def test_the_cell_equals_sglangs_own(name: str, sglang_cells: dict[str, Any]) ->
         assert (kv.num_layers, kv.swa_layers) == (theirs["full_layers"], theirs["swa_layers"])
     else:
         assert kv.num_layers == theirs["layers"]
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_plan_with_the_model_uses_sglangs_cell(
+    model: str, sglang_cells: dict[str, Any], tmp_path: Path, tokenizer_dir: str
+) -> None:
+    """``plan --model`` on each fixture: every derived row's bytes per token is SGLang's cell at
+    that row's attention TP (a hybrid's fraction rounded up to whole bytes)."""
+    import math
+    import shutil
+
+    from eagledata.capacity import REFERENCE_WORKLOAD
+    from eagledata.capacity.derived import derive_profiles
+    from eagledata.capacity.planner import plan_profiles
+    from eagledata.profiles.rigs import get_rig
+    from eagledata.profiles.target import resolve_target
+
+    folder = tmp_path / model
+    folder.mkdir()
+    shutil.copy(FIXTURES / model / "config.json", folder)
+    shutil.copy(Path(tokenizer_dir) / "tokenizer.json", folder)
+    rig = get_rig("h200x8")
+    profiles = derive_profiles(resolve_target(str(folder)), rig)
+    checked = 0
+    rows = plan_profiles(profiles, REFERENCE_WORKLOAD, rig=rig)
+    for profile, row in zip(profiles, rows, strict=True):
+        attn_tp = profile.tp_size // (profile.dp_size if profile.enable_dp_attention else 1)
+        theirs = sglang_cells.get(f"{model}-tp{attn_tp}")
+        if theirs is None:
+            continue
+        assert row.cell_bytes == math.ceil(theirs["cell_size"]), profile.name
+        checked += 1
+    assert checked >= 2

@@ -427,3 +427,118 @@ def test_a_run_names_padding_ids_in_its_failures(llama_dir: Path, tmp_path: Path
     assert "a padding row of the model's embedding (vocab_size 3072)" in padded[0]["message"]
     for record in read_records(tmp_path / "run"):
         assert max(record["output_ids"]) < TOKENIZER_VOCAB
+
+
+# --- plan --model M --rig R, launch-server --model M ----------------------------------------------
+
+
+FIXTURES = Path(__file__).with_name("fixtures") / "models"
+
+
+def fixture_model(name: str, tmp_path: Path, tokenizer_dir: str) -> Path:
+    """A fixture's config.json with a tokenizer beside it: a model folder without weights."""
+    folder = tmp_path / name
+    folder.mkdir()
+    shutil.copy(FIXTURES / name / "config.json", folder / "config.json")
+    shutil.copy(Path(tokenizer_dir) / "tokenizer.json", folder / "tokenizer.json")
+    return folder
+
+
+def plan_json(*args: str, cwd: Path) -> dict[str, Any]:
+    done = run_cli("plan", "--json", *args, cwd=cwd)
+    assert done.returncode == 0, done.stderr
+    document: dict[str, Any] = json.loads(done.stdout)
+    return document
+
+
+@pytest.mark.parametrize(
+    ("model", "kind", "cell_tp8"),
+    [
+        ("llama-3.1-8b", "GQA", 16_384),
+        ("qwen3-30b-a3b", "GQA", 24_576),  # 4 KV heads over 8 ranks: one each, replicated
+        ("deepseek-v3", "MLA", 70_272),
+        ("gpt-oss-120b", "GQA + sliding window 128", 8_295),  # 8,294.4 rounded up
+    ],
+)
+def test_plan_with_a_model_derives_its_layouts_and_says_its_attention(
+    model: str, kind: str, cell_tp8: int, tmp_path: Path, tokenizer_dir: str
+) -> None:
+    folder = fixture_model(model, tmp_path, tokenizer_dir)
+    document = plan_json("--model", str(folder), "--rig", "h200x8", cwd=tmp_path)
+    rows = {row["profile"]: row for row in document["profiles"]}
+    tp8 = rows[f"{model}-tp8"]
+    assert tp8["starts"]
+    assert tp8["attention"].startswith(kind)
+    assert kind in tp8["status_text"]
+    assert f"{cell_tp8:,} B per KV token per rank" in tp8["status_text"]
+    assert tp8["cell_bytes"] == cell_tp8
+    assert any(a.startswith("weights ") for a in tp8["assumptions"])
+    assert all(row["evidence"] == "unverified" for row in rows.values())
+    # DP attention only where SGLang serves it: MLA models
+    assert any("DPA" in row["parallelism"] for row in rows.values()) is (kind == "MLA")
+
+
+def test_plan_says_when_the_weights_do_not_fit_the_rig(tmp_path: Path, tokenizer_dir: str) -> None:
+    """DeepSeek-V3's fp8 weights (~627 GiB) leave nothing for KV on 8x 80 GB: no layout starts,
+    and the row says why."""
+    folder = fixture_model("deepseek-v3", tmp_path, tokenizer_dir)
+    document = plan_json("--model", str(folder), "--rig", "h100x8", cwd=tmp_path)
+    assert document["profiles"]
+    assert not any(row["starts"] for row in document["profiles"])
+    assert "Not enough memory" in document["profiles"][0]["notes"][0]
+
+
+def test_kimi_derived_from_its_config_matches_the_fitted_profile(
+    tmp_path: Path, tokenizer_dir: str
+) -> None:
+    """The same code on Kimi-K2.5's config: the same KV cell, and at TP8 the weights within 1.3%
+    of the 72.53 GiB the reference runs fitted (the vision tower, ~0.93 GiB there, is not in
+    the count); the hand-written profiles keep the fitted figure, and with it 115,988 tokens."""
+    from eagledata.capacity.derived import derived_profile
+    from eagledata.profiles.kv import KIMI_K25_BF16_BYTES_PER_TOKEN
+    from eagledata.profiles.loading import load_profile
+    from eagledata.profiles.rigs import reference_rig
+
+    folder = fixture_model("kimi-k2.5", tmp_path, tokenizer_dir)
+    target = resolve_target(str(folder))
+    assert target.kv.bf16_bytes_per_token == KIMI_K25_BF16_BYTES_PER_TOKEN
+    derived = derived_profile(target, reference_rig(), 8)
+    fitted = load_profile("kimi-k25-reference-bf16", FIXTURES.parents[2] / "configs" / "profiles")
+    assert derived.model.resident_gib == pytest.approx(fitted.model.resident_gib, rel=0.013)
+    vision_gib = 0.93
+    assert derived.model.resident_gib + vision_gib == pytest.approx(
+        fitted.model.resident_gib, rel=0.001
+    )
+
+
+def test_launch_server_with_a_model_renders_its_command(tmp_path: Path, tokenizer_dir: str) -> None:
+    folder = fixture_model("deepseek-v3", tmp_path, tokenizer_dir)
+    done = run_cli(
+        "launch-server", "--model", str(folder), "--tp", "8", "--dp-attention", "4",
+        "--dry-run", "--sglang-version", "0.5.23", cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    argv = done.stdout.split()
+    assert argv[argv.index("--model-path") + 1] == str(folder.resolve())
+    assert argv[argv.index("--tp-size") + 1] == "8"
+    assert argv[argv.index("--attn-dp-size") + 1] == "4"
+    assert argv[argv.index("--kv-cache-dtype") + 1] == "bf16"
+    refused = run_cli(
+        "launch-server", "--model", str(folder), "--tp", "3", "--dry-run", cwd=tmp_path
+    )
+    assert refused.returncode == 2
+    assert "--tp 3" in refused.stderr and "dividing the attention heads" in refused.stderr
+
+
+def test_weights_no_node_holds_are_planned_over_every_node(
+    tmp_path: Path, tokenizer_dir: str
+) -> None:
+    """On two nodes of 8x 80 GB no TP8 layout holds DeepSeek-V3's weights; one TP16 server over
+    both nodes does, and the plan says how to launch it."""
+    folder = fixture_model("deepseek-v3", tmp_path, tokenizer_dir)
+    document = plan_json("--model", str(folder), "--rig", "h100x16", cwd=tmp_path)
+    rows = {row["profile"]: row for row in document["profiles"]}
+    assert not rows["deepseek-v3-tp8"]["starts"]
+    tp16 = rows["deepseek-v3-tp16"]
+    assert tp16["starts"] and tp16["nodes"] == 2
+    assert "--tp 16 --nnodes 2" in tp16["settle"]

@@ -85,7 +85,7 @@ def place(profile: Profile, rig: Rig, reference: Rig | None = None) -> Placement
 
     step = ref.memory_bandwidth_tbs / rig.memory_bandwidth_tbs
     compute = (rig.bf16_tflops * profile.gpus) / (ref.bf16_tflops * ref.gpus_per_node)
-    fit = profile.throughput
+    fit = profile.throughput.at_step_speed()
     knee = max(1, round(fit.max_running_fit * compute))
     cap = max(8, round(fit.max_running_cap * compute / 8) * 8)  # a batch size: a multiple of 8
     carried = fit.model_copy(

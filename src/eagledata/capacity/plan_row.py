@@ -34,6 +34,8 @@ class PlanRow(BaseModel):
     parallelism: str
     mem_fraction_static: float
     cell_bytes: int
+    attention: str = ""
+    """The model's attention as SGLang pools its KV: MLA, MHA, GQA, MQA, + sliding window."""
     kv_gib_per_rank: float
     tokens_per_rank: int
     system_tokens: int

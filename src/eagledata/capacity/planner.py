@@ -227,9 +227,10 @@ def plan_profile(
         slack = workload.slack_tokens + spec.extra_kv_tokens_per_request
         workload = workload.model_copy(update={"slack_tokens": slack})
     deployment = Deployment.from_profile(profile)
+    kv = KVModel.from_section(profile.model, base_dir=base_dir)
     row = plan_deployment(
         label=profile.name,
-        model=KVModel.from_section(profile.model, base_dir=base_dir),
+        model=kv,
         hardware=placement.hardware,
         deployment=deployment,
         workload=workload,
@@ -252,6 +253,7 @@ def plan_profile(
     row = row.model_copy(
         update={
             "parallelism": f"{placement.servers}x {layout}" if placement.servers > 1 else layout,
+            "attention": kv.kind,
             "rig": target.name,
             "nodes": profile.nnodes,
             "gpus": placement.gpus,
@@ -272,7 +274,7 @@ def plan_profile(
         each = f"each of its {placement.servers} servers of {profile.gpus} GPUs: {row.notes[0]}"
         row = row.model_copy(update={"notes": [each, *row.notes[1:]]})
     if spec is None or not row.starts:
-        return row
+        return _with_hope(row, profile, workload, accept, target)
     fit, notes = carried.throughput, list(row.notes)
     per_server = row.running // row.servers
     plan, tok_s = plan_speculative(
@@ -293,7 +295,7 @@ def plan_profile(
             f"acceptance {plan.accept_length:.2f} tokens per verify step "
             f"({plan.accept_length_source}), never measured on this job's answers",
         )
-    return row.model_copy(
+    row = row.model_copy(
         update={
             "speculative": plan,
             **rate_fields(tok_s * row.servers, fit.band, workload.total_output_tokens),
@@ -301,6 +303,31 @@ def plan_profile(
             "assumptions": assumptions,
         }
     )
+    return _with_hope(row, profile, workload, accept, target)
+
+
+def _with_hope(
+    row: PlanRow, profile: Profile, workload: Workload, accept: AcceptOverride | None, rig: Rig
+) -> PlanRow:
+    """A row rated at a measured step speed (``[throughput] step_speed``) names its rate at the
+    measurement's favourable end too (``step_speed_hope``): the central figure follows the
+    evidence, the hope is said beside it."""
+    fit = profile.throughput
+    if fit.step_speed_hope is None or not row.starts:
+        return row
+    hopeful = profile.model_copy(
+        update={
+            "throughput": fit.model_copy(
+                update={"step_speed": fit.step_speed_hope, "step_speed_hope": None}
+            )
+        }
+    )
+    hope = plan_profile(hopeful, workload, accept=accept, rig=rig)
+    note = (
+        f"steps rated at {fit.step_speed:g}x the fitted ones (the measurement it cites); at its "
+        f"favourable end, {fit.step_speed_hope:g}x: {hope.tok_s:,.0f} tok/s"
+    )
+    return row.model_copy(update={"notes": [*row.notes, note]})
 
 
 def _misfit_row(row: PlanRow, why: str) -> PlanRow:

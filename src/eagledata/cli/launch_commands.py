@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from eagledata.cli.interrupts import EXIT_INTERRUPTED
-from eagledata.cli.shell import ProfilesDirOpt, auth_headers, fail, guarded
+from eagledata.cli.shell import ModelOpt, ProfilesDirOpt, auth_headers, fail, guarded
 from eagledata.config import ServerSettings
 
 if TYPE_CHECKING:
@@ -69,6 +69,22 @@ def launch_server(
     router_host: Annotated[
         str, typer.Option(metavar="HOST", help="Where --router binds")
     ] = "127.0.0.1",
+    model: ModelOpt = None,
+    tp: Annotated[
+        int, typer.Option(metavar="N", help="With --model: the TP size (GPUs of the server)")
+    ] = 1,
+    dp_attention: Annotated[
+        int,
+        typer.Option(
+            metavar="D", help="With --model (MLA models): DP attention over D of the TP ranks"
+        ),
+    ] = 1,
+    nnodes: Annotated[
+        int,
+        typer.Option(
+            metavar="N", help="With --model: the server spans N nodes (TP ranks split evenly)"
+        ),
+    ] = 1,
 ) -> None:
     """Start SGLang from a profile (bf16 KV enforced); extra args after -- pass through.
 
@@ -85,7 +101,11 @@ def launch_server(
             profile_given=profile is not None,
         )
         return
+    from eagledata.capacity.derived import derived_profile
+    from eagledata.errors import ConfigError
     from eagledata.profiles.loading import DEFAULT_PROFILE, load_profile
+    from eagledata.profiles.rigs import reference_rig
+    from eagledata.profiles.target import resolve_target
     from eagledata.server.facts_report import format_facts
     from eagledata.server.launch import (
         build_launch_command,
@@ -104,9 +124,24 @@ def launch_server(
 
     extra = list(ctx.args)
     script = script or default_script()
-    chosen = guarded(lambda: load_profile(profile or DEFAULT_PROFILE, profiles_dir))
+    if model is not None and profile is not None:
+        fail(ConfigError("launch-server: --model makes its own profile; drop --profile"))
+    chosen = guarded(
+        lambda: (
+            load_profile(profile or DEFAULT_PROFILE, profiles_dir)
+            if model is None
+            else derived_profile(resolve_target(model), reference_rig(), tp, dp_attention, nnodes)
+        )
+    )
     node = guarded(lambda: chosen.node(node_rank, dist_init_addr))
-    picked = "" if profile else " (the default; --profile NAME picks another)"
+    picked = (
+        f" (derived from --model: TP {tp}, bf16 KV, --mem-fraction-static "
+        f"{chosen.mem_fraction_static:g}; add SGLang flags after --)"
+        if model is not None
+        else ""
+        if profile
+        else " (the default; --profile NAME picks another)"
+    )
     python = sglang_python()
     installed = installed_sglang_version(python)
     version, note = guarded(

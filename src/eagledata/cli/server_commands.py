@@ -98,22 +98,32 @@ def plan(
         ),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object, for scripts")] = False,
+    model: ModelOpt = None,
 ) -> None:
-    """Compare profiles side by side on a rig: KV tokens, concurrency, tok/s, wall clock."""
+    """Compare profiles side by side on a rig: KV tokens, concurrency, tok/s, wall clock.
+
+    With --model: profiles derived for that model on the rig (its layouts, its KV cell, its
+    weights), every assumption named, instead of the shipped Kimi-K2.5 profiles."""
     import httpx
 
     from eagledata.capacity import REFERENCE_WORKLOAD, render_plan_table
+    from eagledata.capacity.derived import derive_profiles
     from eagledata.capacity.planning import build_plan, measure_workload, profiles_for
+    from eagledata.errors import ConfigError
     from eagledata.profiles.loading import load_profiles
+    from eagledata.profiles.profile import Profile
     from eagledata.profiles.rigs import get_rig, reference_rig
+    from eagledata.profiles.target import resolve_target
     from eagledata.server.readiness import fetch_server_info
     from eagledata.server.serverfacts import ServerFacts
     from eagledata.source.mix import resolve_mix
 
     def build() -> str:
         target = get_rig(rig) if rig is not None else reference_rig()
+        if model is not None and profile:
+            raise ConfigError("plan: --model derives its own profiles; drop --profile")
         if dataset:
-            app_config = load_app_config(config, {"generation.turns": turns})
+            app_config = load_app_config(config, {"generation.turns": turns}, model)
             workload = measure_workload(
                 app_config,
                 resolve_mix(dataset, app_config),
@@ -134,9 +144,13 @@ def plan(
             for url in server or []:
                 info = fetch_server_info(http, url.rstrip("/"), settings.api_key_env)
                 live.append((url, ServerFacts.from_server_info(info)))
-        profiles = load_profiles(profile, profiles_dir)
-        # the profiles named are planned whatever rigs they are written for
-        planned, elsewhere = (profiles, []) if profile else profiles_for(target, profiles)
+        elsewhere: list[Profile] = []
+        if model is not None:
+            planned = derive_profiles(resolve_target(model), target)
+        else:
+            profiles = load_profiles(profile, profiles_dir)
+            # the profiles named are planned whatever rigs they are written for
+            planned, elsewhere = (profiles, []) if profile else profiles_for(target, profiles)
         rows = build_plan(planned, workload, live, accept_length=accept_length, rig=target)
         if as_json:
             import json

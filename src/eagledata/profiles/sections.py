@@ -115,6 +115,25 @@ class ThroughputSection(FrozenStrict):
     """The fit holds to about this many running requests; above it compute flattens the curve."""
     max_running_cap: Annotated[int, Field(gt=0)] = 256
     """Never recommend more running requests than this (compute-bound, not KV-bound)."""
+    step_speed: Annotated[float, Field(gt=0)] = 1.0
+    """How fast this profile's steps run against the fitted ones: 1, as fitted; below 1, the
+    measurement a row cites for a layout the fit never ran (DCP 8: vLLM's on the reference rig
+    ran at 0.65-0.82x of DCP 1, so 0.735, its middle). The row is rated at it."""
+    step_speed_hope: Annotated[float, Field(gt=0)] | None = None
+    """The measurement's favourable end (DCP 8: 0.82): the row names its rate there too."""
+
+    def at_step_speed(self) -> ThroughputSection:
+        """The fit with ``step_speed`` in its step times (and 1 left: applied once)."""
+        if self.step_speed == 1.0:
+            return self
+        return self.model_copy(
+            update={
+                "step_base_s": self.step_base_s / self.step_speed,
+                "step_per_request_s": self.step_per_request_s / self.step_speed,
+                "step_speed": 1.0,
+                "step_speed_hope": None,
+            }
+        )
 
 
 class DraftSection(FrozenStrict):

@@ -211,9 +211,10 @@ def launch_and_wait(
     """
     command = build_launch_command(profile, extra_args, version=version, script=script, node=node)
     expected_model = model_from_argv(command[1:])
-    bf16_bytes = KVModel.from_section(
+    kv = KVModel.from_section(
         profile.model, base_dir=str(Path(profile.source).parent) if profile.source else ""
-    ).bf16_bytes_per_token
+    )
+    kv_heads = kv.num_kv_heads if kv.attention == "mha" else None  # the guard splits them
     base_url = profile.server.base_url
     if on_progress is not None:
         on_progress(f"starting: {format_command(command)}")
@@ -234,7 +235,8 @@ def launch_and_wait(
             http,
             base_url,
             expected_model=expected_model,
-            bf16_bytes_per_token=bf16_bytes,
+            bf16_bytes_per_token=kv.guard_bytes_per_token,
+            kv_heads=kv_heads,
             expected_version=version,
         )
     except BaseException:
