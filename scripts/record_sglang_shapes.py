@@ -174,7 +174,9 @@ def record(url: str, model_dir: str, out: Path) -> list[Path]:
                            "response": response}  # fmt: skip
     for name, exchange in exchanges.items():
         target = out / f"{name}.json"
-        target.write_text(json.dumps(scrub(exchange, model_dir), indent=1, sort_keys=True) + "\n")
+        # the requests are kept as sent: the simulator is asked the same
+        scrubbed = {k: scrub(v, model_dir) if "response" in k else v for k, v in exchange.items()}
+        target.write_text(json.dumps(scrubbed, indent=1, sort_keys=True) + "\n")
         written.append(target)
     return written
 
