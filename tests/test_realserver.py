@@ -25,7 +25,8 @@ import pytest
 from conftest import eagledata_cmd, read_records
 from realserver import RequestLog, env, serve
 
-pytestmark = pytest.mark.realserver
+# the first test of a session may build the venv (minutes) and start a server (up to a minute)
+pytestmark = [pytest.mark.realserver, pytest.mark.timeout(1800)]
 
 ROWS = 12
 MAX_NEW_TOKENS = 24
