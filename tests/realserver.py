@@ -54,6 +54,12 @@ def required() -> bool:
 
 @pytest.fixture(scope="session")
 def sglang_cpu_venv() -> Path:
+    return venv_or_skip()
+
+
+def venv_or_skip() -> Path:
+    """The venv; a skip of one line when the registry cannot be reached, a failure instead
+    where the tier is required."""
     try:
         venv: Path = env.ensure_venv(log=lambda line: print(line, file=sys.stderr))
     except env.RegistryUnreachable as error:

@@ -6,8 +6,9 @@ One real server for the module (a start is ~30-50 s), serving the tier's model
 what it was asked (``request.received``: input_ids) and what it answered (``request.finished``:
 output_ids), by rid.
 
-eagledata is pointed at the model by a config file written here: the model folder as
-``expected_model`` and as the tokenizer, and the model's bf16 KV bytes per token.
+eagledata is pointed at the model by ``--model DIR`` (its tokenizer, the expected model, its
+bf16 KV bytes per token); a config file written here holds the rest (the server's URL, the
+generation settings, the bundled sample dataset).
 """
 
 from __future__ import annotations
@@ -39,12 +40,9 @@ def kv_bytes_per_token(model_dir: Path) -> int:
     return int(config["num_hidden_layers"] * config["num_key_value_heads"] * head_dim * 2 * 2)
 
 
-def write_config(path: Path, url: str, model_dir: Path, out_dir: Path, temperature: float) -> Path:
+def write_config(path: Path, url: str, out_dir: Path, temperature: float) -> Path:
     path.write_text(
         f"""
-[tokenizer]
-name = "{model_dir}"
-
 [generation]
 max_new_tokens = {MAX_NEW_TOKENS}
 temperature = {temperature}
@@ -52,8 +50,6 @@ top_p = 1.0
 
 [server]
 urls = ["{url}"]
-expected_model = "{model_dir}"
-bf16_kv_bytes_per_token = {kv_bytes_per_token(model_dir)}
 request_timeout_s = 120
 
 [server.simulated]
@@ -95,10 +91,10 @@ def test_generate_writes_exactly_what_the_server_logged(
     real_server: Any, real_model_dir: Path, tmp_path: Path, temperature: float
 ) -> None:
     out = tmp_path / "run"
-    config = write_config(tmp_path / "real.toml", real_server.url, real_model_dir, out, temperature)
+    config = write_config(tmp_path / "real.toml", real_server.url, out, temperature)
     result = run_cli(
-        "generate", "--config", str(config), "--dataset", "sample", "--limit", str(ROWS),
-        "--no-progress", "--no-canary",
+        "generate", "--config", str(config), "--model", str(real_model_dir), "--dataset",
+        "sample", "--limit", str(ROWS), "--no-progress", "--no-canary",
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
     records = read_records(out)
@@ -123,12 +119,13 @@ def test_generate_writes_exactly_what_the_server_logged(
 
 
 def test_the_kv_guard_accepts_the_real_bf16_server(real_server: Any, real_model_dir: Path) -> None:
-    result = run_cli(
-        "check-server", real_server.url, "--expected-model", str(real_model_dir),
-        "--bf16-bytes-per-token", str(kv_bytes_per_token(real_model_dir)),
-    )  # fmt: skip
+    """Accepted, and ``--model``'s KV cell is the one the real pool holds: 2 layers x 2 KV heads
+    x 32 x (K, V) x 2 bytes = 512, which the server's own GiB over its token capacity matches
+    within the guard's tolerance."""
+    result = run_cli("check-server", real_server.url, "--model", str(real_model_dir))
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "bf16" in result.stdout
+    assert "bf16 KV ok" in result.stdout
+    assert f"(bf16 expects {kv_bytes_per_token(real_model_dir)})" in result.stdout, result.stdout
 
 
 def test_the_kv_guard_refuses_a_real_auto_server(
@@ -139,14 +136,11 @@ def test_the_kv_guard_refuses_a_real_auto_server(
     ``generate`` refuse it, naming the flag that fixes it, and the run writes nothing."""
     out = tmp_path / "run"
     with serve(sglang_cpu_venv, real_model_dir, tmp_path / "server", kv_cache_dtype="auto") as auto:
-        checked = run_cli(
-            "check-server", auto.url, "--expected-model", str(real_model_dir),
-            "--bf16-bytes-per-token", str(kv_bytes_per_token(real_model_dir)),
-        )  # fmt: skip
-        config = write_config(tmp_path / "real.toml", auto.url, real_model_dir, out, 0.0)
+        checked = run_cli("check-server", auto.url, "--model", str(real_model_dir))
+        config = write_config(tmp_path / "real.toml", auto.url, out, 0.0)
         generated = run_cli(
-            "generate", "--config", str(config), "--dataset", "sample", "--limit", "2",
-            "--no-progress", "--no-canary",
+            "generate", "--config", str(config), "--model", str(real_model_dir), "--dataset",
+            "sample", "--limit", "2", "--no-progress", "--no-canary",
         )  # fmt: skip
         received = RequestLog.read(auto.request_log_dir).received()
     for result in (checked, generated):
