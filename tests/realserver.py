@@ -35,17 +35,19 @@ TOKENIZER_DIR = REPO / "src" / "eagledata" / "assets" / "tokenizer" / "tiny-chat
 REQUIRE_ENV = "EAGLEDATA_REQUIRE_REAL_SGLANG"
 
 
-def _load_env_module() -> Any:
-    path = REPO / "scripts" / "sglang_cpu_env.py"
-    spec = importlib.util.spec_from_file_location("sglang_cpu_env", path)
+def load_script(name: str) -> Any:
+    """``scripts/<name>.py`` as a module (the scripts folder is not a package)."""
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("sglang_cpu_env", module)
+    sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
 
 
-env = _load_env_module()
+env = load_script("sglang_cpu_env")
 
 
 def required() -> bool:

@@ -26,6 +26,7 @@ import pytest
 from eagledata.server.loads import METRIC_NAMES
 from eagledata.server.serverfacts import InternalState, MemoryUsage, ServerFacts
 from eagledata.simserver import SimConfig, SimServerThread
+from realserver import load_script
 
 FIXTURES = Path(__file__).parent / "fixtures" / "sglang-0.5.23-cpu"
 # in the order they were recorded: the prefix cache sees the same history
@@ -201,9 +202,7 @@ def replay(url: str, name: str) -> Any:
             answer = client.get(request["path"])
             assert answer.status_code == recorded["status"], answer.text
             if name == "metrics":
-                from record_sglang_shapes import metric_names
-
-                return metric_names(answer.text)
+                return load_script("record_sglang_shapes").metric_names(answer.text)
             return answer.json()
         answer = client.post("/generate", json=request)
         assert answer.status_code == recorded["status"], answer.text
