@@ -65,9 +65,9 @@ READS = {
 # Keys whose values differ run to run: replaced by a fixed value of the same type.
 VOLATILE = re.compile(
     r"(^id$|^rid$|_ts$|time|latency|throughput|timestamp|^ts_tic$|_tic$|seconds|^pid$|port$|"
-    r"^random_seed$|^host$|^uptime|^gen_throughput$|^last_gen_throughput$|^memory_usage$|"
+    r"^random_seed$|^host$|^uptime|^gen_throughput$|^last_gen_throughput$|"
     r"_gb$|^weight$|^token_usage$|^utilization$|^kv_cache_usage$|^logprob$|_us$|^decode_moments$|"
-    r"^cache_hit_rate$|uncached_tokens$)"
+    r"^cache_hit_rate$|uncached_tokens$|^startup_available$|^launch_command$)"
 )
 
 
@@ -87,18 +87,20 @@ def _fixed(value: Any) -> Any:
     return value
 
 
-def scrub(value: Any, model_dir: str, key: str = "") -> Any:
-    """``value`` with its volatile parts fixed: every key and list length kept."""
-    if isinstance(value, dict):
-        return {k: scrub(v, model_dir, k) for k, v in value.items()}
-    if isinstance(value, list):
-        if key.endswith("token_logprobs") or key.endswith("top_logprobs"):
-            return [_logprob_entry(item) for item in value]
-        return [scrub(item, model_dir, key) for item in value]
+def scrub(value: Any, replacements: dict[str, str], key: str = "") -> Any:
+    """``value`` with its volatile parts fixed: every key and list length kept. ``replacements``
+    maps run-specific strings (the model's folder, the scratch folder) to fixed ones."""
+    if isinstance(value, list) and (key.endswith("token_logprobs") or key.endswith("top_logprobs")):
+        return [_logprob_entry(item) for item in value]
     if VOLATILE.search(key):
         return _fixed(value)
+    if isinstance(value, dict):
+        return {k: scrub(v, replacements, k) for k, v in value.items()}
+    if isinstance(value, list):
+        return [scrub(item, replacements, key) for item in value]
     if isinstance(value, str):
-        return value.replace(model_dir, "<model>")
+        for found, fixed in replacements.items():
+            value = value.replace(found, fixed)
     return value
 
 
@@ -158,7 +160,7 @@ def _record_abort(url: str) -> dict[str, Any]:
     }
 
 
-def record(url: str, model_dir: str, out: Path) -> list[Path]:
+def record(url: str, replacements: dict[str, str], out: Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     written = []
     exchanges: dict[str, dict[str, Any]] = {}
@@ -175,7 +177,9 @@ def record(url: str, model_dir: str, out: Path) -> list[Path]:
     for name, exchange in exchanges.items():
         target = out / f"{name}.json"
         # the requests are kept as sent: the simulator is asked the same
-        scrubbed = {k: scrub(v, model_dir) if "response" in k else v for k, v in exchange.items()}
+        scrubbed = {
+            k: scrub(v, replacements) if "response" in k else v for k, v in exchange.items()
+        }
         target.write_text(json.dumps(scrubbed, indent=1, sort_keys=True) + "\n")
         written.append(target)
     return written
@@ -196,7 +200,8 @@ def main(argv: list[str] | None = None) -> int:
             )
             with env.Server(Path(model), Path(scratch) / "server", venv=venv) as server:
                 print(f"server ready in {server.ready_seconds:.0f} s", file=sys.stderr)
-                for path in record(server.url, str(model), args.out):
+                fixed = {str(model): "<model>", scratch: "<scratch>"}
+                for path in record(server.url, fixed, args.out):
                     print(path)
     except env.SetupError as error:
         print(f"error: {error}", file=sys.stderr)
