@@ -25,6 +25,7 @@ import pytest  # noqa: E402
 
 from eagledata.config import AppConfig, resolve_bundled  # noqa: E402
 from eagledata.simserver import SimConfig, SimServerThread  # noqa: E402
+from realserver import real_model_dir, sglang_cpu_venv  # noqa: E402, F401 (the real-server tier's)
 
 REPO = Path(__file__).resolve().parents[1]
 TOKENIZER = "bundled:tokenizer/tiny-chatml"

@@ -36,6 +36,10 @@ KVCACHE_ROUNDING_GIB = 0.005
 """SGLang rounds ``memory_usage.kvcache`` to 2 decimals (GiB) up to 0.5.15.post1, 3 in 0.5.23."""
 
 
+REFUSAL_FIX = "relaunch with --kv-cache-dtype bf16: eagledata launch-server"
+"""What turns a refused server into an accepted one: named wherever a refusal is shown."""
+
+
 class GuardVerdict(BaseModel):
     """The bf16-KV guard's answer. ``problems`` refuse the server; ``notes`` only inform."""
 
@@ -49,6 +53,15 @@ class GuardVerdict(BaseModel):
     """``internal_states[i].kv_cache_dtype`` in rank order (``"?"`` when a rank omits it)."""
     bytes_per_token: float | None = None
     expected_bytes_per_token: int | None = None
+
+    @property
+    def kv_refused(self) -> bool:
+        """Refused for its KV cache (the fix is the KV flag), not only for its model."""
+        return any(
+            ("kv_cache_dtype" in problem and not problem.startswith("speculative_draft"))
+            or "per KV token" in problem
+            for problem in self.problems
+        )
 
     def summary(self) -> str:
         """One line: the verdict and its reasons."""
@@ -66,7 +79,7 @@ class GuardVerdict(BaseModel):
             raise ServerRefusedError(
                 "server refused, nothing it generates may land: "
                 + "; ".join(self.problems)
-                + " (relaunch with --kv-cache-dtype bf16: eagledata launch-server)"
+                + f" ({REFUSAL_FIX})"
             )
 
 

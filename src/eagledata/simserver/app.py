@@ -73,18 +73,22 @@ def _item_json(
 ) -> dict[str, Any]:
     """One response item; ``upto`` makes it an unfinished streaming chunk."""
     ids, finish = item.result() if upto is None else (item.output_ids[:upto], None)
+    e2e, now = asyncio.get_running_loop().time() - arrived, time.time()
     meta = {
         "id": item.rid,
         "finish_reason": finish,
         "prompt_tokens": item.prompt_len,
         "completion_tokens": len(ids) + (1 if bad_count else 0),
         "cached_tokens": item.cached,
-        "cached_tokens_details": None,
+        "cached_tokens_details": shapes.cached_details(state.config, item.cached),
         "weight_version": "default",
         **shapes.retraction_meta(state.config, item.retractions, item.dp_rank),
-        "e2e_latency": asyncio.get_running_loop().time() - arrived,
-        "response_sent_to_client_ts": time.time(),
+        "e2e_latency": e2e,
+        "response_sent_to_client_ts": now,
     }
+    if finish is not None:
+        meta.update(shapes.timing_meta(state.config, arrived_wall=now - e2e, now_wall=now,
+                                       output_len=len(ids)))  # fmt: skip
     if finish is not None:  # SGLang adds spec_* to the final chunk only
         meta.update(state.spec_tally.finish(state.config.speculative, item.rid, len(ids)))
     if state.config.skip_tokenizer_init:
@@ -179,6 +183,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
     for body, extra in zip(out, parsed.logprob_meta, strict=False):  # logprobs.py
         if extra is not None:
             body["meta_info"].update(trim_to_output(extra, len(body["output_ids"])))
+            body["meta_info"].update(shapes.logprob_counts(state.config, body["meta_info"]))
     return json_response(out[0] if parsed.single else out)
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import time
+from datetime import UTC, datetime
 from typing import Any
 
 from eagledata.simserver import shapes
@@ -26,6 +28,15 @@ COUNTERS = (
     ("num_requests_total", "items"),
     ("num_aborted_requests_total", "aborted_items"),
 )
+
+COUNTER_LABELS_0523 = {
+    "prompt_tokens_total": ',engine_type="unified",is_streaming="false"',
+    "generation_tokens_total": ',engine_type="unified",is_streaming="false"',
+    "num_requests_total": ',engine_type="unified",is_streaming="false"',
+    "cached_tokens_total": ',engine_type="unified",cache_source="device"',
+    "num_aborted_requests_total": ',engine_type="unified"',
+}
+"""The labels 0.5.23's tokenizer-side counters carry besides ``model_name`` (recorded)."""
 
 
 ENGINE_GAUGES = (("new_token_ratio", "The new token ratio.", (0, 5, 6)),)
@@ -85,6 +96,7 @@ def render_metrics(state: SimState) -> str:
     hit_rate = stats.cached_tokens / stats.prompt_tokens if stats.prompt_tokens else 0.0
     name = f'model_name="{config.served_name()}"'
     version = config.version_tuple()
+    new_labels = shapes.at_least(config, "0.5.23")
     rows = []
     views = rank_views(state)
     for view in views:
@@ -104,9 +116,15 @@ def render_metrics(state: SimState) -> str:
     lines = []
     for index, (metric, help_text) in enumerate(GAUGES):
         lines += [f"# HELP sglang:{metric} {help_text}", f"# TYPE sglang:{metric} gauge"]
-        lines += [f"sglang:{metric}{{{labels}}} {float(v[index])}" for labels, v in rows]
+        # 0.5.23 labels the retracted-requests gauge with the scheduler's pid too
+        pid = f',pid="{os.getpid()}"' if metric == "num_retracted_reqs" and new_labels else ""
+        lines += [f"sglang:{metric}{{{labels}{pid}}} {float(v[index])}" for labels, v in rows]
     accept = state.spec_tally.accept_length
-    lines += metrics_lines(config.speculative, [labels for labels, _ in rows], accept)
+    if config.speculative is None and new_labels:
+        # 0.5.23 registers the speculative gauges on every server: 0 without a draft
+        lines += _spec_zero_lines(rows)
+    else:
+        lines += metrics_lines(config.speculative, [labels for labels, _ in rows], accept)
     if config.steps_engine:
         for metric, help_text, since in ENGINE_GAUGES:
             if version >= since:
@@ -124,8 +142,17 @@ def render_metrics(state: SimState) -> str:
             ]
     for metric, attr in COUNTERS:
         lines += [f"# HELP sglang:{metric} {metric}.", f"# TYPE sglang:{metric} counter"]
-        lines.append(f"sglang:{metric}{{{name}}} {float(getattr(stats, attr))}")
+        labels = name + (COUNTER_LABELS_0523.get(metric, "") if new_labels else "")
+        lines.append(f"sglang:{metric}{{{labels}}} {float(getattr(stats, attr))}")
     return "\n".join(lines) + "\n"
+
+
+def _spec_zero_lines(rows: list[tuple[str, Any]]) -> list[str]:
+    lines: list[str] = []
+    for metric in ("spec_accept_length", "spec_accept_rate"):
+        lines += [f"# HELP sglang:{metric} {metric}.", f"# TYPE sglang:{metric} gauge"]
+        lines += [f"sglang:{metric}{{{labels}}} 0.0" for labels, _ in rows]
+    return lines
 
 
 def render_loads(
@@ -156,8 +183,26 @@ def render_loads(
             "utilization": 0.0,
             "max_running_requests": config.running_limit_per_rank(),
         }
+        snapshot = shapes.at_least(config, "0.5.23")  # managers/load_snapshot.py LoadSnapshot
+        if snapshot:
+            entry |= {
+                "timestamp": time.time(),
+                "num_waiting_uncached_tokens": 0,
+                "num_active_tokens": view["num_total_tokens"],
+                "num_prealloc_ready_tokens": 0,
+                "total_prefill_uncached_tokens": 0,
+                "total_prefill_busy_us": 0,
+                "decode_moments": None,
+            }
         if "memory" in sections:
             entry["memory"] = {"token_capacity": view["max_total_num_tokens"]}
+            if snapshot:
+                usage = shapes.memory_usage(config)
+                entry["memory"] |= {
+                    "weight_gb": usage["weight"],
+                    "kv_cache_gb": usage["kvcache"],
+                    "graph_gb": sum(usage["graph"].values()),
+                }
         if "queues" in sections:
             entry["queues"] = {
                 "waiting": waiting,
@@ -165,10 +210,30 @@ def render_loads(
                 "paused": 0,
                 "retracted": view["retracted_waiting"],
             }
+            if snapshot:
+                entry["queues"]["prealloc_ready"] = 0
+        if snapshot and "disagg" in sections:
+            entry["disaggregation"] = {
+                "mode": "null",
+                "prefill_bootstrap_queue_reqs": 0,
+                "prefill_inflight_queue_reqs": 0,
+                "decode_prealloc_queue_reqs": 0,
+                "decode_transfer_queue_reqs": 0,
+                "decode_retracted_queue_reqs": 0,
+                "kv_transfer_speed_gb_s": 0.0,
+                "kv_transfer_latency_ms": 0.0,
+            }
         if "spec" in sections:
             entry |= loads_section(config.speculative, state.spec_tally.accept_length)
         loads.append(entry)
     document: dict[str, Any] = {"timestamp": time.time(), "version": config.version}
+    if shapes.at_least(config, "0.5.23"):  # entrypoints/v1_loads.py
+        document = {
+            "timestamp": datetime.now(UTC).isoformat(),
+            "version": config.version,
+            "accelerator": None,
+            "num_accelerators": max(1, config.tp_size // config.dp_size),
+        }
     if shapes.at_least(config, "0.5.15"):
         return document | {"loads": loads}
     count = max(1, len(loads))

@@ -31,13 +31,13 @@ def server_info(
         "quantization": config.quantization,
         "tp_size": config.tp_size,
         "pp_size": 1,
+        "nnodes": 1,
         **shapes.parallel_args(config),
         "mem_fraction_static": config.mem_fraction_static,
         "max_total_tokens": None,
         "max_running_requests": config.max_running_requests,
         "max_queued_requests": config.max_queued_requests,
         "chunked_prefill_size": config.reported_chunked_prefill(),
-        "cuda_graph_max_bs": 512,
         "context_length": config.context_length,
         "page_size": 1,
         "schedule_policy": "fcfs",
@@ -51,11 +51,12 @@ def server_info(
         "port": port,
         "attention_backend": None,
         "skip_tokenizer_init": config.skip_tokenizer_init,
-        "stream_output": False,
         "stream_interval": 1,
         "trust_remote_code": True,
         **spec_sim.server_args(config.speculative, with_draft_kv=shapes.at_least(config, "0.5.23")),
     }
+    if not shapes.at_least(config, "0.5.23"):  # gone from 0.5.23's ServerArgs
+        args |= {"cuda_graph_max_bs": 512, "stream_output": False}
     internal = {
         **args,
         "kv_cache_dtype": config.effective_kv_dtype(),
@@ -74,13 +75,16 @@ def server_info(
         "status": "ready",
         "max_total_num_tokens": pool,
         "max_req_input_len": config.max_req_input_len(),
-        "internal_states": [dict(internal, dp_rank=i) for i in range(config.dp_size)],
+        "internal_states": [
+            internal if shapes.at_least(config, "0.5.23") else dict(internal, dp_rank=i)
+            for i in range(config.dp_size)
+        ],
         "version": config.version,
     }
 
 
 def model_info(config: SimConfig) -> dict[str, Any]:
-    return {
+    info: dict[str, Any] = {
         "model_path": config.model_path,
         "tokenizer_path": config.reported_tokenizer_path(),
         "is_generation": True,
@@ -91,3 +95,12 @@ def model_info(config: SimConfig) -> dict[str, Any]:
         "model_type": config.model_type,
         "architectures": config.architectures,
     }
+    if shapes.at_least(config, "0.5.23"):
+        info |= {
+            "served_model_name": config.served_name(),
+            "load_format": "auto",
+            "disaggregation_mode": "null",
+            "reasoning_parser": None,
+            "tool_call_parser": None,
+        }
+    return info

@@ -86,7 +86,15 @@ def memory_usage(config: SimConfig) -> dict[str, Any]:
         "startup_available": 94.26,
         "token_capacity": reported_pool(config),
         "token_capacity_swa": None,
-        "graph": {"decode": 2.1, "prefill": 0.0},
+        # every phase is named, the speculative ones at 0 without a draft (a real 0.5.23 server)
+        "graph": {
+            "decode": 2.1,
+            "prefill": 0.0,
+            "draft_decode": 0.0,
+            "draft_extend": 0.0,
+            "draft_prefill": 0.0,
+            "target_verify": 0.0,
+        },
     }
 
 
@@ -103,8 +111,49 @@ def pinned_rank_keys(config: SimConfig) -> tuple[str, ...]:
 
 def retraction_meta(config: SimConfig, retractions: int, dp_rank: int) -> dict[str, Any]:
     if at_least(config, "0.5.23"):
-        return {"num_retractions": retractions, "dp_rank": dp_rank}
+        # a server of one DP rank answers null (recorded from a real 0.5.23 server)
+        return {"num_retractions": retractions, "dp_rank": dp_rank if config.dp_size > 1 else None}
     return {"total_retractions": retractions}
+
+
+def cached_details(config: SimConfig, cached: int) -> dict[str, int] | None:
+    """``cached_tokens_details``: 0.5.23 says where a prefix hit came from, null on a miss."""
+    if at_least(config, "0.5.23") and cached > 0:
+        return {"device": cached, "host": 0}
+    return None
+
+
+def timing_meta(
+    config: SimConfig, *, arrived_wall: float, now_wall: float, output_len: int
+) -> dict[str, Any]:
+    """The per-request timings and counters a 0.5.23 answer carries besides ``e2e_latency``
+    (``managers/scheduler_components``; recorded from a real server). No client reads them;
+    they are here so that the simulator's answers keep the real shape."""
+    if not at_least(config, "0.5.23"):
+        return {}
+    elapsed = max(now_wall - arrived_wall, 0.0)
+    return {
+        "queue_time": 0.0,
+        "first_token_latency": elapsed / max(output_len, 1),
+        "decode_throughput": output_len / elapsed if elapsed > 0 else 0.0,
+        "forward_entry_time": arrived_wall,
+        "prefill_finished_time": arrived_wall,
+        "request_received_ts": arrived_wall,
+        "api_server_dispatch_finish_ts": arrived_wall,
+        "request_finished_ts": now_wall,
+        "storage_prefetch_wait": 0.0,
+        "storage_staging_wait": 0.0,
+        "reasoning_tokens": 0,
+        "weight_versions": [{"start": 0, "end": output_len, "version": "default"}],
+    }
+
+
+def logprob_counts(config: SimConfig, meta: dict[str, Any]) -> dict[str, int]:
+    """0.5.23 counts the output logprobs it returned beside them."""
+    entries = meta.get("output_token_logprobs")
+    if at_least(config, "0.5.23") and isinstance(entries, list):
+        return {"output_token_logprobs_length": len(entries)}
+    return {}
 
 
 class BadSections(ValueError):
