@@ -79,10 +79,12 @@ async def start_canary(
     prompts: Callable[[], list[list[int]]],
     ledger: LineLog,
     note: Callable[[str], None],
+    vocab_rows: int | None = None,
 ) -> CanaryMonitor:
-    """The run's canary, checked once on every reachable server (trigger ``start``)."""
+    """The run's canary, checked once on every reachable server (trigger ``start``).
+    ``vocab_rows``: the model's vocabulary by its config (``CanaryScorer``)."""
     healthy = [endpoint.url for endpoint in client.endpoints if endpoint.healthy]
-    scorer = CanaryScorer(client, dp_ranks=kv_guard.dp_ranks)
+    scorer = CanaryScorer(client, dp_ranks=kv_guard.dp_ranks, vocab_rows=vocab_rows)
     facts = kv_guard.facts.get(healthy[0]) if healthy else None
     baseline = await load_or_record_baseline(
         run_dir,
