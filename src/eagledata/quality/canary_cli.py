@@ -63,6 +63,7 @@ async def _record(config: AppConfig, dataset_arg: str, mix: Mix, out: Path) -> s
                 config.canary,
                 model_path=facts.model_path,
                 ledger=None,
+                pool_tokens=facts.rank_kv_tokens,
             )
         except BaselineChangedError as error:
             raise BaselineChangedError(

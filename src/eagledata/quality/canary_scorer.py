@@ -199,7 +199,9 @@ class CanaryScorer:
                 prompt = prompts[index % len(prompts)]
                 body = {"input_ids": prompt, "sampling_params": params, "rid": new_rid()}
                 with contextlib.suppress(ServerError):
-                    await self.client.post_generate(url, body)
+                    # behind the check's own requests at the gate: it loads them, and
+                    # rejoining after every answer it would otherwise go ahead of them
+                    await self.client.post_generate(url, body, background=True)
                 index += requests
 
         async with asyncio.TaskGroup() as group:

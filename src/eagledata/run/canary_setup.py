@@ -35,6 +35,7 @@ async def load_or_record_baseline(
     prompts: Callable[[], list[list[int]]],
     ledger: LineLog,
     note: Callable[[str], None],
+    pool_tokens: int | None = None,
 ) -> Baseline:
     stored = run_dir.path / BASELINE_FILE
     if stored.is_file():
@@ -59,7 +60,13 @@ async def load_or_record_baseline(
     note(f"canary: recording the baseline on {url} ({len(chosen)} references)")
     try:
         baseline = await build_baseline(
-            scorer, url, chosen, config.canary, model_path=model_path, ledger=ledger
+            scorer,
+            url,
+            chosen,
+            config.canary,
+            model_path=model_path,
+            ledger=ledger,
+            pool_tokens=pool_tokens,
         )
     except BaselineChangedError as error:
         raise BaselineChangedError(
@@ -96,6 +103,7 @@ async def start_canary(
         prompts,
         ledger,
         note,
+        facts.rank_kv_tokens if facts else None,
     )
     monitor = CanaryMonitor(
         scorer,

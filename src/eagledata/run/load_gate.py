@@ -1,8 +1,9 @@
 """The gate of ``--concurrency auto``: senders ``acquire`` a ticket before each request, and the
 first waiter goes to the lane with the most free projected KV once one has room; the canary's
-requests and a failing server's probe ``enter`` pinned to their lane, ahead of the run's own;
-``release`` frees the place and teaches the length model. The loop that samples the servers is
-``loadcontrol.py``.
+requests and a failing server's probe ``enter`` pinned to their lane, ahead of the run's own
+(the canary baseline's load behind the check's own requests), first come first served within
+each class; ``release`` frees the place and teaches the length model. The loop that samples the
+servers is ``loadcontrol.py``.
 """
 
 from __future__ import annotations
@@ -49,19 +50,44 @@ class LoadGate(LaneSet):
         return lanes[0]
 
     async def enter(
-        self, url: str, rank: int | None, prompt_tokens: int, max_new_tokens: int
+        self,
+        url: str,
+        rank: int | None,
+        prompt_tokens: int,
+        max_new_tokens: int,
+        *,
+        background: bool = False,
     ) -> object:
         """A request that is not the run's own (the canary's, a probe's), pinned to one lane:
-        a ticket there, ahead of the waiting run requests, at its exact length. Under a fixed
-        ``--concurrency`` this gate is not used."""
+        a ticket there, at its exact length, ahead of the waiting run requests and behind the
+        other canary requests that wait (``background``, the baseline's load: behind the
+        check's own requests too). Under a fixed ``--concurrency`` this gate is not used.
+
+        First come first served, not last: the baseline's load loops enter again the moment
+        their answer is in, and entering ahead of every waiter, each went ahead of the probes
+        already waiting; a short load request fits where a long probe does not, so the lane
+        never emptied for the probe (the real 0.5.23 with a 4,096-token pool: 1,497 load
+        requests and not one probe in 11 minutes)."""
         lane = self.lane_of(url, rank)
         if lane is None or not self.auto:
             return _UNGATED
         fut: asyncio.Future[Ticket] = asyncio.get_running_loop().create_future()
         projected = prompt_tokens + max_new_tokens
-        self._waiters.appendleft(
-            Waiter(prompt_tokens, new_draws(self._rng), fut, lane=lane, projected=projected)
+        waiter = Waiter(
+            prompt_tokens,
+            new_draws(self._rng),
+            fut,
+            lane=lane,
+            projected=projected,
+            background=background,
         )
+        # Behind the waiters of its class and of every class before it: the check's own
+        # requests, then the baseline's load, then the run's requests (``lane`` None).
+        ahead = 0
+        for index, other in enumerate(self._waiters):
+            if other.lane is not None and (background or not other.background):
+                ahead = index + 1
+        self._waiters.insert(ahead, waiter)
         return await self._wait(fut)
 
     def leave(self, entry: object) -> None:

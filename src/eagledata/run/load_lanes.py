@@ -37,6 +37,9 @@ class Waiter:
     """Pinned to this lane (a canary request), else any lane with room."""
     projected: int | None = None
     """Its exact KV at its end, when known (a canary request); else the length model's."""
+    background: bool = False
+    """The canary baseline's load (``CanaryScorer.score_under_load``): behind the check's own
+    requests, ahead of the run's."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -154,12 +154,20 @@ class SGLangClient(ControlCalls):
         return min(healthy, key=lambda endpoint: endpoint.in_flight)
 
     async def _through_gate(
-        self, url: str, rank: int | None, prompt_tokens: int, max_new_tokens: int
+        self,
+        url: str,
+        rank: int | None,
+        prompt_tokens: int,
+        max_new_tokens: int,
+        *,
+        background: bool = False,
     ) -> object | None:
         """Wait for the gate's leave to send one request to ``url``; None: no gate."""
         if self.gate is None:
             return None
-        return await self.gate.enter(url, rank, prompt_tokens, max_new_tokens)
+        return await self.gate.enter(
+            url, rank, prompt_tokens, max_new_tokens, background=background
+        )
 
     def _leave_gate(self, entry: object | None) -> None:
         if entry is not None and self.gate is not None:
@@ -289,19 +297,24 @@ class SGLangClient(ControlCalls):
 
     # --- the canary (quality/canary_scorer.py): raw answers from one named server ----------
 
-    async def post_generate(self, url: str, body: dict[str, Any]) -> dict[str, Any]:
+    async def post_generate(
+        self, url: str, body: dict[str, Any], *, background: bool = False
+    ) -> dict[str, Any]:
         """One ``/generate`` call to the server at ``url``, answered as parsed JSON (logprob
         fields and all; no token contract: the caller checks what it asked for).
 
         Raises ``ServerUnavailableError`` when the server cannot be reached or answers 5xx,
         ``ServerError`` when it refuses the request (4xx). It passes the gate like any other
-        generation: the canary's traffic is inside ``--concurrency``.
+        generation: the canary's traffic is inside ``--concurrency``; ``background`` (the
+        canary baseline's load) waits there behind every other request.
         """
         bound = response_bound(body)
         params = body.get("sampling_params")
         max_new = int(params.get("max_new_tokens") or 0) if isinstance(params, dict) else 0
         rank = next((body[key] for key in BOTH_PIN_FIELDS if isinstance(body.get(key), int)), None)
-        entry = await self._through_gate(url, rank, len(body["input_ids"]), max_new)
+        entry = await self._through_gate(
+            url, rank, len(body["input_ids"]), max_new, background=background
+        )
         try:
             async with asyncio.timeout(self.request_timeout_s):
                 status, content = await read_capped(
