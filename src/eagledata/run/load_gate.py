@@ -73,22 +73,33 @@ class LoadGate(LaneSet):
             return _UNGATED
         fut: asyncio.Future[Ticket] = asyncio.get_running_loop().create_future()
         projected = prompt_tokens + max_new_tokens
+        # One that names no rank on a server with a lane per rank is no one lane's: SGLang
+        # would send it round robin while rank 0's lane carried it whole (a rank served 2% of
+        # a job while its lane carried the canary's). It goes where there is room, and is sent
+        # pinned there (``rank_of``).
+        spread = rank is None and len(self.lanes.get(url, ())) > 1
         waiter = Waiter(
             prompt_tokens,
             new_draws(self._rng),
             fut,
-            lane=lane,
+            lane=None if spread else lane,
+            server=url if spread else None,
             projected=projected,
             background=background,
         )
         # Behind the waiters of its class and of every class before it: the check's own
-        # requests, then the baseline's load, then the run's requests (``lane`` None).
+        # requests, then the baseline's load, then the run's requests.
         ahead = 0
         for index, other in enumerate(self._waiters):
-            if other.lane is not None and (background or not other.background):
+            if other.canary and (background or not other.background):
                 ahead = index + 1
         self._waiters.insert(ahead, waiter)
         return await self._wait(fut)
+
+    def rank_of(self, entry: object) -> int | None:
+        """The DP rank a request ``enter`` let in is charged to (None: no lane per rank): one
+        that named none is sent pinned there."""
+        return entry.lane.rank if isinstance(entry, Ticket) else None
 
     def leave(self, entry: object) -> None:
         if isinstance(entry, Ticket):
@@ -150,12 +161,14 @@ class LoadGate(LaneSet):
                 lengths = self.lengths.curve(prompt)
             best: tuple[float, Ticket] | None = None
             for url, lanes in self.lanes.items():
-                if not self._healthy(url) and waiter.lane is None:
+                if waiter.server is not None and url != waiter.server:
+                    continue
+                if not self._healthy(url) and not waiter.canary:
                     continue
                 for lane in lanes:
                     if waiter.lane is not None and lane is not waiter.lane:
                         continue
-                    if waiter.lane is None and lane in too_slow:
+                    if not waiter.canary and lane in too_slow:
                         lane.held_by["tail"] = lane.held_by.get("tail", 0) + 1
                         continue
                     candidate = Ticket(lane, prompt, projected, now, lengths, draws=waiter.draws)
@@ -175,11 +188,12 @@ class LoadGate(LaneSet):
 
     def _held_by_queue(self, waiter: Waiter) -> bool:
         """Did a queue rule (not the KV forecast) hold this waiter on every lane it may use?"""
-        lanes = (
-            [waiter.lane]
-            if waiter.lane is not None
-            else [lane for lanes in self.lanes.values() for lane in lanes]
-        )
+        if waiter.lane is not None:
+            lanes = [waiter.lane]
+        elif waiter.server is not None:
+            lanes = self.lanes.get(waiter.server, [])
+        else:
+            lanes = [lane for lanes in self.lanes.values() for lane in lanes]
         return any(lane.last_hold in ("queue", "queue_cap") for lane in lanes)
 
     def release(

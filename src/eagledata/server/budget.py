@@ -46,6 +46,11 @@ class TrafficGate(Protocol):
         """The request ended (an answer, an error, a cancel)."""
         ...
 
+    def rank_of(self, entry: object) -> int | None:
+        """The DP rank the gate charged a request that named none to (it is then sent pinned
+        there), or None."""
+        ...
+
 
 class Slots:
     """N slots of one server, handed out first come first served, every waiting request before
@@ -118,3 +123,6 @@ class SlotGate:
     def leave(self, entry: object) -> None:
         assert isinstance(entry, str)
         self._slots(entry).release()
+
+    def rank_of(self, entry: object) -> int | None:
+        return None

@@ -169,6 +169,13 @@ class SGLangClient(ControlCalls):
             url, rank, prompt_tokens, max_new_tokens, background=background
         )
 
+    def _charged_rank(self, entry: object | None) -> int | None:
+        """The DP rank the gate counted a request that named none on (``TrafficGate.rank_of``):
+        it is sent pinned there, so that the rank that runs it is the one charged."""
+        if entry is None or self.gate is None:
+            return None
+        return self.gate.rank_of(entry)
+
     def _leave_gate(self, entry: object | None) -> None:
         if entry is not None and self.gate is not None:
             self.gate.leave(entry)
@@ -199,6 +206,8 @@ class SGLangClient(ControlCalls):
         if not admitted:
             max_new = int(sampling_params.get("max_new_tokens") or 0)
             entry = await self._through_gate(endpoint.url, dp_rank, len(input_ids), max_new)
+            if dp_rank is None:
+                dp_rank = self._charged_rank(entry)
         try:
             result = await self._generate(
                 endpoint, input_ids, sampling_params, rid, dp_rank=dp_rank
@@ -216,7 +225,11 @@ class SGLangClient(ControlCalls):
         entry = await self._through_gate(endpoint.url, None, len(input_ids), 1)
         try:
             await self._generate(
-                endpoint, input_ids, {"max_new_tokens": 1, "temperature": 0.0}, new_rid()
+                endpoint,
+                input_ids,
+                {"max_new_tokens": 1, "temperature": 0.0},
+                new_rid(),
+                dp_rank=self._charged_rank(entry),
             )
         except (ItemError, ServerError):
             return False
@@ -315,6 +328,9 @@ class SGLangClient(ControlCalls):
         entry = await self._through_gate(
             url, rank, len(body["input_ids"]), max_new, background=background
         )
+        charged = self._charged_rank(entry) if rank is None else None
+        if charged is not None:
+            body = self.pinned(url, body, charged)  # where the gate counted it
         try:
             async with asyncio.timeout(self.request_timeout_s):
                 status, content = await read_capped(
