@@ -32,6 +32,7 @@ from eagledata.config import CanarySettings
 from eagledata.errors import (
     BaselineChangedError,
     CanaryDriftError,
+    ConfigError,
     ServerError,
     ServerUnavailableError,
 )
@@ -55,9 +56,13 @@ async def build_baseline(
     *,
     model_path: str | None,
     ledger: LineLog | None,
+    pool_tokens: int | None = None,
 ) -> Baseline:
     """Sample the references on a trusted server, then score them idle and under load; refuse
-    the baseline (``BaselineChangedError``) if its scorings show the server changed meanwhile."""
+    the baseline (``BaselineChangedError``) if its scorings show the server changed meanwhile.
+    ``pool_tokens``: the KV one DP rank holds (``ServerFacts.rank_kv_tokens``), which every
+    request of the canary must fit (``check_fits_pool``)."""
+    check_fits_pool(url, prompts, settings, pool_tokens)
     canary = await scorer.sample_set(
         url,
         prompts,
@@ -109,6 +114,30 @@ async def build_baseline(
             "the baseline was not kept"
         )
     return baseline
+
+
+def check_fits_pool(
+    url: str, prompts: list[list[int]], settings: CanarySettings, pool_tokens: int | None
+) -> None:
+    """Every request of the canary fits the pool alone, or a ``ConfigError`` naming the fix.
+
+    SGLang admits a request only while its prompt plus ``min(max_new_tokens, 4096)`` is below
+    the free pool; one that can never be, waits in its queue for ever, and so would the
+    baseline (a reference is sampled with ``reference_tokens`` new tokens, a load request asks
+    as many, a probe ``probe_tokens``). The references need not fit together: the gate and the
+    server take them in turn."""
+    if pool_tokens is None or not prompts:
+        return
+    new_tokens = min(max(settings.reference_tokens, settings.probe_tokens), 4096)
+    longest = max(len(prompt) for prompt in prompts)
+    if longest + new_tokens < pool_tokens:
+        return
+    raise ConfigError(
+        f"{url}: the canary's longest request needs {longest + new_tokens:,} KV tokens (a "
+        f"prompt of {longest:,} and {new_tokens:,} new tokens) and the server's KV pool holds "
+        f"{pool_tokens:,}: it would wait for ever; lower [canary] reference_tokens or "
+        "max_prompt_tokens, or run with --no-canary"
+    )
 
 
 def _log(

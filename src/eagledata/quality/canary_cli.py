@@ -55,12 +55,15 @@ async def _record(config: AppConfig, dataset_arg: str, mix: Mix, out: Path) -> s
         prompts = await asyncio.to_thread(canary_prompts, config, mix, tokenizer, limit)
         try:
             baseline = await build_baseline(
-                CanaryScorer(client, dp_ranks=guard.dp_ranks),
+                CanaryScorer(
+                    client, dp_ranks=guard.dp_ranks, vocab_rows=tokenizer.model_vocab_rows
+                ),
                 url,
                 prompts,
                 config.canary,
                 model_path=facts.model_path,
                 ledger=None,
+                pool_tokens=facts.rank_kv_tokens,
             )
         except BaselineChangedError as error:
             raise BaselineChangedError(
@@ -103,6 +106,7 @@ async def _score_against(
     config: AppConfig, baseline: Baseline, checks: int
 ) -> tuple[dict[str, Any], list[dict[str, float]]]:
     url = config.server.urls[0]
+    tokenizer = await asyncio.to_thread(PromptTokenizer, config.tokenizer)
     client = _client(config, url, in_flight=4)
     async with client:
         await _require_health(client, url)
@@ -112,7 +116,9 @@ async def _score_against(
             expected_model=config.server.expected_model,
             bf16_bytes_per_token=config.server.bf16_kv_bytes_per_token,
         )
-        scorer = CanaryScorer(client, dp_ranks=lambda _: info.dp_ranks)
+        scorer = CanaryScorer(
+            client, dp_ranks=lambda _: info.dp_ranks, vocab_rows=tokenizer.model_vocab_rows
+        )
         reference, limits = baseline.reference, baseline.thresholds
         shares = rank_shares(baseline, info.dp_ranks)
         results: list[dict[str, Any]] = []

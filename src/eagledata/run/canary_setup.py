@@ -35,6 +35,7 @@ async def load_or_record_baseline(
     prompts: Callable[[], list[list[int]]],
     ledger: LineLog,
     note: Callable[[str], None],
+    pool_tokens: int | None = None,
 ) -> Baseline:
     stored = run_dir.path / BASELINE_FILE
     if stored.is_file():
@@ -59,7 +60,13 @@ async def load_or_record_baseline(
     note(f"canary: recording the baseline on {url} ({len(chosen)} references)")
     try:
         baseline = await build_baseline(
-            scorer, url, chosen, config.canary, model_path=model_path, ledger=ledger
+            scorer,
+            url,
+            chosen,
+            config.canary,
+            model_path=model_path,
+            ledger=ledger,
+            pool_tokens=pool_tokens,
         )
     except BaselineChangedError as error:
         raise BaselineChangedError(
@@ -79,10 +86,12 @@ async def start_canary(
     prompts: Callable[[], list[list[int]]],
     ledger: LineLog,
     note: Callable[[str], None],
+    vocab_rows: int | None = None,
 ) -> CanaryMonitor:
-    """The run's canary, checked once on every reachable server (trigger ``start``)."""
+    """The run's canary, checked once on every reachable server (trigger ``start``).
+    ``vocab_rows``: the model's vocabulary by its config (``CanaryScorer``)."""
     healthy = [endpoint.url for endpoint in client.endpoints if endpoint.healthy]
-    scorer = CanaryScorer(client, dp_ranks=kv_guard.dp_ranks)
+    scorer = CanaryScorer(client, dp_ranks=kv_guard.dp_ranks, vocab_rows=vocab_rows)
     facts = kv_guard.facts.get(healthy[0]) if healthy else None
     baseline = await load_or_record_baseline(
         run_dir,
@@ -94,6 +103,7 @@ async def start_canary(
         prompts,
         ledger,
         note,
+        facts.rank_kv_tokens if facts else None,
     )
     monitor = CanaryMonitor(
         scorer,

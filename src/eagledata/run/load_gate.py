@@ -1,8 +1,9 @@
 """The gate of ``--concurrency auto``: senders ``acquire`` a ticket before each request, and the
 first waiter goes to the lane with the most free projected KV once one has room; the canary's
-requests and a failing server's probe ``enter`` pinned to their lane, ahead of the run's own;
-``release`` frees the place and teaches the length model. The loop that samples the servers is
-``loadcontrol.py``.
+requests and a failing server's probe ``enter`` pinned to their lane, ahead of the run's own
+(the canary baseline's load behind the check's own requests), first come first served within
+each class; ``release`` frees the place and teaches the length model. The loop that samples the
+servers is ``loadcontrol.py``.
 """
 
 from __future__ import annotations
@@ -49,20 +50,56 @@ class LoadGate(LaneSet):
         return lanes[0]
 
     async def enter(
-        self, url: str, rank: int | None, prompt_tokens: int, max_new_tokens: int
+        self,
+        url: str,
+        rank: int | None,
+        prompt_tokens: int,
+        max_new_tokens: int,
+        *,
+        background: bool = False,
     ) -> object:
         """A request that is not the run's own (the canary's, a probe's), pinned to one lane:
-        a ticket there, ahead of the waiting run requests, at its exact length. Under a fixed
-        ``--concurrency`` this gate is not used."""
+        a ticket there, at its exact length, ahead of the waiting run requests and behind the
+        other canary requests that wait (``background``, the baseline's load: behind the
+        check's own requests too). Under a fixed ``--concurrency`` this gate is not used.
+
+        First come first served, not last: the baseline's load loops enter again the moment
+        their answer is in, and entering ahead of every waiter, each went ahead of the probes
+        already waiting; a short load request fits where a long probe does not, so the lane
+        never emptied for the probe (the real 0.5.23 with a 4,096-token pool: 1,497 load
+        requests and not one probe in 11 minutes)."""
         lane = self.lane_of(url, rank)
         if lane is None or not self.auto:
             return _UNGATED
         fut: asyncio.Future[Ticket] = asyncio.get_running_loop().create_future()
         projected = prompt_tokens + max_new_tokens
-        self._waiters.appendleft(
-            Waiter(prompt_tokens, new_draws(self._rng), fut, lane=lane, projected=projected)
+        # One that names no rank on a server with a lane per rank is no one lane's: SGLang
+        # would send it round robin while rank 0's lane carried it whole (a rank served 2% of
+        # a job while its lane carried the canary's). It goes where there is room, and is sent
+        # pinned there (``rank_of``).
+        spread = rank is None and len(self.lanes.get(url, ())) > 1
+        waiter = Waiter(
+            prompt_tokens,
+            new_draws(self._rng),
+            fut,
+            lane=None if spread else lane,
+            server=url if spread else None,
+            projected=projected,
+            background=background,
         )
+        # Behind the waiters of its class and of every class before it: the check's own
+        # requests, then the baseline's load, then the run's requests.
+        ahead = 0
+        for index, other in enumerate(self._waiters):
+            if other.canary and (background or not other.background):
+                ahead = index + 1
+        self._waiters.insert(ahead, waiter)
         return await self._wait(fut)
+
+    def rank_of(self, entry: object) -> int | None:
+        """The DP rank a request ``enter`` let in is charged to (None: no lane per rank): one
+        that named none is sent pinned there."""
+        return entry.lane.rank if isinstance(entry, Ticket) else None
 
     def leave(self, entry: object) -> None:
         if isinstance(entry, Ticket):
@@ -124,12 +161,14 @@ class LoadGate(LaneSet):
                 lengths = self.lengths.curve(prompt)
             best: tuple[float, Ticket] | None = None
             for url, lanes in self.lanes.items():
-                if not self._healthy(url) and waiter.lane is None:
+                if waiter.server is not None and url != waiter.server:
+                    continue
+                if not self._healthy(url) and not waiter.canary:
                     continue
                 for lane in lanes:
                     if waiter.lane is not None and lane is not waiter.lane:
                         continue
-                    if waiter.lane is None and lane in too_slow:
+                    if not waiter.canary and lane in too_slow:
                         lane.held_by["tail"] = lane.held_by.get("tail", 0) + 1
                         continue
                     candidate = Ticket(lane, prompt, projected, now, lengths, draws=waiter.draws)
@@ -149,11 +188,12 @@ class LoadGate(LaneSet):
 
     def _held_by_queue(self, waiter: Waiter) -> bool:
         """Did a queue rule (not the KV forecast) hold this waiter on every lane it may use?"""
-        lanes = (
-            [waiter.lane]
-            if waiter.lane is not None
-            else [lane for lanes in self.lanes.values() for lane in lanes]
-        )
+        if waiter.lane is not None:
+            lanes = [waiter.lane]
+        elif waiter.server is not None:
+            lanes = self.lanes.get(waiter.server, [])
+        else:
+            lanes = [lane for lanes in self.lanes.values() for lane in lanes]
         return any(lane.last_hold in ("queue", "queue_cap") for lane in lanes)
 
     def release(

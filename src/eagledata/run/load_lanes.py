@@ -35,8 +35,19 @@ class Waiter:
     fut: asyncio.Future[Ticket]
     lane: Lane | None = None
     """Pinned to this lane (a canary request), else any lane with room."""
+    server: str | None = None
+    """A canary request that names no DP rank on a server with a lane per rank: any lane of
+    this server, and it is then sent pinned to that lane's rank (``LoadGate.rank_of``)."""
     projected: int | None = None
     """Its exact KV at its end, when known (a canary request); else the length model's."""
+    background: bool = False
+    """The canary baseline's load (``CanaryScorer.score_under_load``): behind the check's own
+    requests, ahead of the run's."""
+
+    @property
+    def canary(self) -> bool:
+        """Not one of the run's own requests (those may take any lane of any server)."""
+        return self.lane is not None or self.server is not None
 
 
 @dataclass(frozen=True, slots=True)

@@ -103,8 +103,13 @@ class LoadController(LoadGate):
         if len(lanes) == 1 and lanes[0].rank is None and len(load.ranks) > 1:
             load = merge_workers([load]) or load  # ranks we cannot pin: one lane
         by_rank = {rank.rank: rank for rank in load.ranks}
+        # No per-rank signal (``/metrics`` without ``dp_rank`` labels: one series per gauge,
+        # whichever rank's process wrote it last): the reading is some rank's, which one
+        # unknown, so every lane reads it alike; handed to rank 0's lane alone it made that
+        # lane another rank's and left the others without a sample.
+        unlabelled = len(load.ranks) == 1 and any(lane.rank not in by_rank for lane in lanes)
         for lane in lanes:
-            rank = by_rank.get(lane.rank or 0)
+            rank = load.ranks[0] if unlabelled else by_rank.get(lane.rank or 0)
             if rank is None:
                 continue
             lane.fallback_limit = None

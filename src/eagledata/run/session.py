@@ -103,6 +103,7 @@ class Run(SessionStartup):
                 parts.quality_log,
                 # said only beside the live bar: stderr is one line on failure
                 parts.bar.note if self.show_progress else lambda _: None,
+                vocab_rows=tokenizer.model_vocab_rows,
             )
         parts.holder.checks.append(monitor)
         self.checks_s += time.monotonic() - started

@@ -154,12 +154,27 @@ class SGLangClient(ControlCalls):
         return min(healthy, key=lambda endpoint: endpoint.in_flight)
 
     async def _through_gate(
-        self, url: str, rank: int | None, prompt_tokens: int, max_new_tokens: int
+        self,
+        url: str,
+        rank: int | None,
+        prompt_tokens: int,
+        max_new_tokens: int,
+        *,
+        background: bool = False,
     ) -> object | None:
         """Wait for the gate's leave to send one request to ``url``; None: no gate."""
         if self.gate is None:
             return None
-        return await self.gate.enter(url, rank, prompt_tokens, max_new_tokens)
+        return await self.gate.enter(
+            url, rank, prompt_tokens, max_new_tokens, background=background
+        )
+
+    def _charged_rank(self, entry: object | None) -> int | None:
+        """The DP rank the gate counted a request that named none on (``TrafficGate.rank_of``):
+        it is sent pinned there, so that the rank that runs it is the one charged."""
+        if entry is None or self.gate is None:
+            return None
+        return self.gate.rank_of(entry)
 
     def _leave_gate(self, entry: object | None) -> None:
         if entry is not None and self.gate is not None:
@@ -191,6 +206,8 @@ class SGLangClient(ControlCalls):
         if not admitted:
             max_new = int(sampling_params.get("max_new_tokens") or 0)
             entry = await self._through_gate(endpoint.url, dp_rank, len(input_ids), max_new)
+            if dp_rank is None:
+                dp_rank = self._charged_rank(entry)
         try:
             result = await self._generate(
                 endpoint, input_ids, sampling_params, rid, dp_rank=dp_rank
@@ -208,7 +225,11 @@ class SGLangClient(ControlCalls):
         entry = await self._through_gate(endpoint.url, None, len(input_ids), 1)
         try:
             await self._generate(
-                endpoint, input_ids, {"max_new_tokens": 1, "temperature": 0.0}, new_rid()
+                endpoint,
+                input_ids,
+                {"max_new_tokens": 1, "temperature": 0.0},
+                new_rid(),
+                dp_rank=self._charged_rank(entry),
             )
         except (ItemError, ServerError):
             return False
@@ -289,19 +310,27 @@ class SGLangClient(ControlCalls):
 
     # --- the canary (quality/canary_scorer.py): raw answers from one named server ----------
 
-    async def post_generate(self, url: str, body: dict[str, Any]) -> dict[str, Any]:
+    async def post_generate(
+        self, url: str, body: dict[str, Any], *, background: bool = False
+    ) -> dict[str, Any]:
         """One ``/generate`` call to the server at ``url``, answered as parsed JSON (logprob
         fields and all; no token contract: the caller checks what it asked for).
 
         Raises ``ServerUnavailableError`` when the server cannot be reached or answers 5xx,
         ``ServerError`` when it refuses the request (4xx). It passes the gate like any other
-        generation: the canary's traffic is inside ``--concurrency``.
+        generation: the canary's traffic is inside ``--concurrency``; ``background`` (the
+        canary baseline's load) waits there behind every other request.
         """
         bound = response_bound(body)
         params = body.get("sampling_params")
         max_new = int(params.get("max_new_tokens") or 0) if isinstance(params, dict) else 0
         rank = next((body[key] for key in BOTH_PIN_FIELDS if isinstance(body.get(key), int)), None)
-        entry = await self._through_gate(url, rank, len(body["input_ids"]), max_new)
+        entry = await self._through_gate(
+            url, rank, len(body["input_ids"]), max_new, background=background
+        )
+        charged = self._charged_rank(entry) if rank is None else None
+        if charged is not None:
+            body = self.pinned(url, body, charged)  # where the gate counted it
         try:
             async with asyncio.timeout(self.request_timeout_s):
                 status, content = await read_capped(

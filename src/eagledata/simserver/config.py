@@ -145,6 +145,13 @@ class SimConfig(BaseModel):
     hide_load_routes: bool = False
     """``/v1/loads``, ``/get_load`` and ``/metrics`` answer 404 (a proxy that filters them):
     a server without any load signal."""
+    metrics_only: bool = False
+    """``/v1/loads`` and ``/get_load`` answer 404, ``/metrics`` stays: a server whose only load
+    signal is Prometheus."""
+    metrics_dp_labels: bool = True
+    """False: ``/metrics`` carries no ``dp_rank`` label, so each gauge is one series. SGLang's
+    scheduler gauges are ``multiprocess_mode="mostrecent"``: with one label set for every DP
+    rank's process, a scrape reads whichever rank wrote last (here: each rank in turn)."""
     output_len_spread: float = Field(default=0.25, ge=0.0, le=1.0)
     output_len_per_prompt_token: float = Field(default=0.0, ge=0.0)
     output_len_shape: Literal["uniform", "exponential"] = "uniform"

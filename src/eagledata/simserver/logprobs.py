@@ -9,6 +9,13 @@ is ``[[logprob, token_id, text|null], ...]`` for ``input_ids[s:]`` whose entry 0
 ``input_top_logprobs`` / ``output_top_logprobs`` one list of ``top_logprobs_num`` triples per
 position (``null`` for input entry 0). A start past the prompt is a 400.
 
+The vocabulary's last id reads 0 in ``input_token_logprobs``, and there only: every supported
+release (0.5.9 ``scheduler_output_processor_mixin.py``, 0.5.15.post1 and 0.5.23
+``scheduler_components/logprob_result_processor.py``) clips the input ids it reports with
+``x if x < vocab_size - 1 else 0`` ("padded hash values from image tokens"), ``vocab_size`` the
+model config's (its embedding rows, not its tokenizer's). The logprob at that position is still
+the last id's own; the top-k lists and the output triples carry the ids the model computed.
+
 The model (no weights, no per-token Python): at each position the next-token distribution puts
 20 candidates on a geometric ladder of logits whose rung gap (the model's confidence) and ids come
 from a hash of the previous token; the token actually at the position sits on a rung drawn from a
@@ -154,6 +161,12 @@ def score(
     return lps[rows, rank], np.take_along_axis(ids, order, 1), np.take_along_axis(lps, order, 1)
 
 
+def reported_input_id(token: int, vocab: int) -> int:
+    """The id SGLang reports for input token ``token`` in ``input_token_logprobs``: the model's
+    last id (and anything past it) as 0."""
+    return token if token < vocab - 1 else 0
+
+
 def _triples(lps: np.ndarray, ids: list[int], decode: Any) -> list[list[Any]]:
     return [
         [float(lp), int(t), decode([int(t)]) if decode else None]
@@ -187,12 +200,9 @@ def logprob_meta(
     # A prefill's scored tokens read pooled KV only where part of the prompt came from the cache.
     lp_in, in_ids, in_lps = score(scored_prev, scored_cur, vocab, noise, degraded and cached > 0)
     meta: dict[str, Any] = {}
-    head = (
-        [None, input_ids[s], decode([input_ids[s]]) if text else None]
-        if s < len(input_ids)
-        else None
-    )
-    meta["input_token_logprobs"] = ([head] if head else []) + _triples(lp_in, scored_cur, text)
+    reported = [reported_input_id(token, vocab) for token in input_ids[s:]]
+    head = [None, reported[0], decode([reported[0]]) if text else None] if reported else None
+    meta["input_token_logprobs"] = ([head] if head else []) + _triples(lp_in, reported[1:], text)
     out_prev = [input_ids[-1], *output_ids[:-1]]
     lp_out, out_ids, out_lps = score(out_prev, output_ids, vocab, noise, degraded)
     meta["output_token_logprobs"] = _triples(lp_out, output_ids, text)

@@ -36,6 +36,12 @@ class LoopBatches:
         return cap is not None and len(rank.waiting) + 1 > cap
 
     def _prefill(self, rank: LoopRank, config: SimConfig) -> float | None:
+        if not rank.running and config.version_tuple() >= (0, 5, 23):
+            # 0.5.23's get_new_batch_prefill: "An empty batch has no request left to leave, and
+            # only a leaving request clears the flag elsewhere, so admission would stay shut."
+            # Without it (0.5.9, 0.5.15.post1) a rank whose last running request left while
+            # the flag was up idles, its queue waiting, until something else clears it.
+            rank.batch_is_full = False
         if (rank.batch_is_full or not rank.waiting) and rank.chunked is None:
             return None
         settings = config.sglang_loop

@@ -99,8 +99,13 @@ def render_metrics(state: SimState) -> str:
     new_labels = shapes.at_least(config, "0.5.23")
     rows = []
     views = rank_views(state)
+    if not config.metrics_dp_labels:
+        # One series per gauge ("mostrecent" over the ranks' processes): one rank's numbers.
+        state.metrics_scrapes += 1
+        views = [views[state.metrics_scrapes % len(views)]]
     for view in views:
-        dp = f',dp_rank="{view["dp_rank"]}"' if config.dp_size > 1 else ""
+        labelled = config.dp_size > 1 and config.metrics_dp_labels
+        dp = f',dp_rank="{view["dp_rank"]}"' if labelled else ""
         labels = f'{name},engine_type="unified",tp_rank="0",pp_rank="0",moe_ep_rank="0"{dp}'
         values = (
             view["num_running_reqs"],

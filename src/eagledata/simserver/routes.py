@@ -70,7 +70,8 @@ async def list_models(request: web.Request) -> web.Response:
 
 async def get_load(request: web.Request) -> web.Response:
     state = request.app[STATE]
-    if state.config.version_tuple() >= (0, 5, 21) or state.config.hide_load_routes:
+    config = state.config
+    if config.version_tuple() >= (0, 5, 21) or config.hide_load_routes or config.metrics_only:
         raise web.HTTPNotFound()
     load = state.scheduler.load(state.config)
     return json_response([{**entry, "ts_tic": time.time()} for entry in load])
@@ -113,7 +114,8 @@ async def metrics(request: web.Request) -> web.Response:
 async def v1_loads(request: web.Request) -> web.Response:
     """``/v1/loads`` (0.5.8+): live load per DP rank (``entrypoints/v1_loads.py``)."""
     state = request.app[STATE]
-    if state.config.version_tuple() < (0, 5, 8) or state.config.hide_load_routes:
+    config = state.config
+    if config.version_tuple() < (0, 5, 8) or config.hide_load_routes or config.metrics_only:
         raise web.HTTPNotFound()
     try:
         body = render_loads(state, request.query.get("dp_rank"), request.query.get("include"))

@@ -34,6 +34,8 @@ class SimState:
     """The rank the next unpinned request goes to (``next_dp_rank``)."""
     dispatched: Counter[tuple[str, int]] = field(default_factory=Counter)
     """``/generate`` requests per (``pinned`` or ``round robin``, DP rank)."""
+    metrics_scrapes: int = 0
+    """``/metrics`` reads, for the rank an unlabelled scrape shows (``metrics_dp_labels``)."""
     noise_rng: np.random.Generator = field(default_factory=np.random.default_rng)
     """Batch noise is not reproducible on a real server either: seeded from the OS."""
     spec_tally: SpecTally = field(default_factory=SpecTally)

@@ -119,6 +119,14 @@ class PromptTokenizer:
             return None
         return rows
 
+    @property
+    def model_vocab_rows(self) -> int:
+        """The model's vocabulary as its own config states it (its embedding rows, often
+        padded past the tokenizer: ``embedding_rows``), else the tokenizer's size. SGLang
+        reports the last of these ids as 0 where it scores input tokens
+        (``quality/canary_scorer.py``)."""
+        return self.embedding_rows or self.vocab_size
+
     def encode(
         self, messages: list[Message], template_kwargs: dict[str, Any] | None = None
     ) -> list[int]:
