@@ -6,7 +6,8 @@ recorder uses it too); this module adds what the tests need around them:
 * ``sglang_cpu_venv`` (session): the venv, built the first time (minutes, docs/sglang.md). When
   the package registry cannot be reached the tier skips with one line, unless
   ``EAGLEDATA_REQUIRE_REAL_SGLANG=1`` (``.ci/run`` sets it) turns that skip into a failure;
-* ``real_model_dir`` (session): the model every real server serves (one line to switch);
+* ``real_model_dir`` (session): the model every real server serves: the repo's trained small
+  Llama when present, a random-weight one otherwise, ``EAGLEDATA_REAL_MODEL`` to choose another;
 * :func:`serve`: a server started in a process group of its own and stopped, children included,
   within a bound; modules share one through a module-scoped fixture of their own (a start is
   ~30 s);
@@ -32,7 +33,9 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 TOKENIZER_DIR = REPO / "src" / "eagledata" / "assets" / "tokenizer" / "tiny-chatml"
+TRAINED_MODEL = REPO / "src" / "eagledata" / "assets" / "model" / "tiny-llama-chatml"
 REQUIRE_ENV = "EAGLEDATA_REQUIRE_REAL_SGLANG"
+MODEL_ENV = "EAGLEDATA_REAL_MODEL"
 
 
 def load_script(name: str) -> Any:
@@ -75,8 +78,14 @@ def venv_or_skip() -> Path:
 
 @pytest.fixture(scope="session")
 def real_model_dir(sglang_cpu_venv: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The model the real servers serve: a tiny Llama with random weights and the bundled ChatML
-    tokenizer, until a trained small model is in the repo (then: return its folder)."""
+    """The model the real servers serve: ``EAGLEDATA_REAL_MODEL`` (a model folder) when set, else
+    the repo's small trained Llama when it is there (``TRAINED_MODEL``), else a tiny Llama with
+    random weights and the bundled ChatML tokenizer, built here."""
+    chosen = os.environ.get(MODEL_ENV) or (TRAINED_MODEL if TRAINED_MODEL.is_dir() else None)
+    if chosen:
+        if not (Path(chosen) / "config.json").is_file():
+            pytest.fail(f"{chosen} holds no config.json: not a model folder")
+        return Path(chosen)
     out = tmp_path_factory.mktemp("real-model") / "random-llama"
     try:
         return Path(env.build_random_model(TOKENIZER_DIR, out, sglang_cpu_venv))
