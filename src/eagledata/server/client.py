@@ -6,8 +6,10 @@
 * Work goes to the healthy server with the fewest requests in flight from us.
 * Every response is checked against the token contract (``responses``) before it becomes a
   ``GenerateResult``; its body is read with a size cap derived from the request
-  (``responses.response_bound``: a larger one is refused unread), and the whole request, not
-  only the gap between two reads, has a deadline (``request_timeout_s``).
+  (``responses.response_bound``: a larger one is refused unread, and a compressed one is
+  inflated in bounded steps, the cap looked at after each: ``bodies``), and the whole request,
+  not only the gap between two reads, has a deadline (``request_timeout_s``) that no
+  decompression can outlast.
 * httpx exceptions are translated here, by type, never by message text, into the error tree;
   status codes and bodies are read by ``answers``: ``RetryableItemError`` (try again),
   ``RejectedRequestError`` (the request itself is bad), ``ServerError`` (the run cannot go on).
@@ -35,6 +37,7 @@ from eagledata.errors import (
     ServerUnavailableError,
 )
 from eagledata.server.answers import ServerDownError, canary_answer, generate_answer
+from eagledata.server.bodies import IDENTITY, BodyTooLarge, BodyUnreadable, read_bounded
 from eagledata.server.budget import SlotGate, TrafficGate
 from eagledata.server.control import ControlCalls
 from eagledata.server.pools import Pools
@@ -47,28 +50,20 @@ from eagledata.server.responses import response_bound
 from eagledata.server.serverfacts import BOTH_PIN_FIELDS
 
 
-class ResponseTooLarge(Exception):
-    """A body past its cap: refused before it is read whole."""
-
-
 async def read_capped(
     pool: httpx.AsyncClient, url: str, body: bytes, bound: int
 ) -> tuple[int, bytes]:
-    """POST ``body`` and read the answer's status and at most ``bound`` bytes of its body;
-    ``ResponseTooLarge`` (the connection closed, the rest never read) past that."""
-    async with pool.stream("POST", url, content=body) as response:
-        declared = response.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > bound:
-            raise ResponseTooLarge(f"it declares {int(declared):,} bytes")
-        received = bytearray()
-        async for chunk in response.aiter_bytes():
-            received += chunk
-            if len(received) > bound:
-                raise ResponseTooLarge(f"it passed {bound:,} bytes")
-        return response.status_code, bytes(received)
+    """POST ``body`` and read the answer's status and at most ``bound`` bytes of its body,
+    decoded in bounded steps (``bodies.read_bounded``); ``BodyTooLarge`` (the connection
+    closed, the rest never read or inflated) past that, ``BodyUnreadable`` for an encoding that
+    is not decoded."""
+    async with pool.stream("POST", url, content=body, headers=IDENTITY) as response:
+        return response.status_code, await read_bounded(response, bound)
 
 
-def _too_large(url: str, why: ResponseTooLarge, bound: int) -> str:
+def _too_large(url: str, why: BodyTooLarge | BodyUnreadable, bound: int) -> str:
+    if isinstance(why, BodyUnreadable):
+        return f"{url}: POST /generate answer refused unread: {why}"
     return (
         f"{url}: answer refused unread: {why}, more than an answer to this request can hold "
         f"({bound:,} bytes)"
@@ -267,7 +262,7 @@ class SGLangClient(ControlCalls):
                 status, content = await read_capped(
                     shard.pools[pool_index], endpoint.url + "/generate", body, bound
                 )
-        except ResponseTooLarge as exc:
+        except (BodyTooLarge, BodyUnreadable) as exc:
             raise ContractViolationError(_too_large(endpoint.url, exc, bound)) from None
         except httpx.ConnectError as exc:
             endpoint.healthy = False
@@ -336,7 +331,7 @@ class SGLangClient(ControlCalls):
                 status, content = await read_capped(
                     self._pools.canary, url + "/generate", orjson.dumps(body), bound
                 )
-        except ResponseTooLarge as exc:
+        except (BodyTooLarge, BodyUnreadable) as exc:
             raise ServerError(_too_large(url, exc, bound)) from None
         except TimeoutError:
             raise ServerUnavailableError(
