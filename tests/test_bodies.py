@@ -228,3 +228,98 @@ def test_check_server_refuses_a_server_info_bomb_in_one_line(tokenizer_dir: str)
         f"eagledata: error: {server.url}: GET /server_info answer refused unread: it passed "
         f"{CONTROL_BODY_BOUND:,} bytes once decompressed; is {server.url} an SGLang server?\n"
     )
+
+
+# --- one checked parse: an answer that is not what the route promises is one line ---------
+
+NGINX = "`<!DOCTYPE html> <html><head><title>Welcome to nginx!</title>...`"
+
+
+def run_config(url: str, out: Path, limit: int = 4) -> Any:
+    return make_config(
+        [url],
+        out,
+        generation={"samples_per_prompt": 1, "max_new_tokens": 32},
+        run={"limit": limit, "concurrency": 2},
+        server={"guard_interval_s": 0.1},
+    )
+
+
+@pytest.mark.parametrize("spoil", ["html", "list"])
+def test_a_server_info_that_is_not_a_json_object_is_one_line_at_start(
+    tokenizer_dir: str, tmp_path: Path, spoil: str
+) -> None:
+    """An HTML page on /server_info was an orjson.JSONDecodeError traceback."""
+    with (
+        HostileServer(tokenizer_dir, spoiled={"/server_info": spoil}) as server,
+        pytest.raises(ServerError) as refused,
+    ):
+        pipeline.generate(run_config(server.url, tmp_path / "run"), DATASET, None, progress=False)
+    expected = (
+        f"200 with text/html ({NGINX}), not JSON" if spoil == "html" else "list, not an object"
+    )
+    assert str(refused.value) == (
+        f"{server.url}: GET /server_info answered {expected}: is {server.url} an SGLang server?"
+    )
+
+
+def test_an_html_server_info_mid_run_is_one_line(tokenizer_dir: str, tmp_path: Path) -> None:
+    """The guard's re-check read an HTML page once the run was under way: a traceback."""
+    out = tmp_path / "run"
+    spoiled = {"/server_info": "html"}
+    with (
+        HostileServer(tokenizer_dir, spoiled=spoiled, spoiled_after=2) as server,
+        pytest.raises(ServerError) as refused,
+    ):
+        pipeline.generate(run_config(server.url, out, limit=12), DATASET, None, progress=False)
+    assert str(refused.value) == (
+        f"{server.url}: GET /server_info answered 200 with text/html ({NGINX}), not JSON: is "
+        f"{server.url} an SGLang server?"
+    )
+
+
+@pytest.mark.parametrize("route", ["/v1/loads", "/get_load"])
+def test_a_load_route_answering_html_is_one_line(tokenizer_dir: str, route: str) -> None:
+    """What the load controller samples mid-run under --concurrency auto."""
+    with HostileServer(tokenizer_dir, spoiled={route: "html"}) as server:
+        outcome, _, _ = peak_of(with_client(server.url, lambda c: c.read_load(server.url)))
+    asked = LOADS_ROUTE if route == "/v1/loads" else route
+    assert isinstance(outcome, ServerError), outcome
+    assert str(outcome) == (
+        f"{server.url}: GET {asked} answered 200 with text/html ({NGINX}), not JSON: is "
+        f"{server.url} an SGLang server?"
+    )
+
+
+def test_check_server_against_an_html_page_is_one_line(tokenizer_dir: str) -> None:
+    with HostileServer(tokenizer_dir, spoiled={"/server_info": "html"}) as server:
+        done = subprocess.run(
+            eagledata_cmd("check-server", server.url),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    assert done.returncode == 3, done.stderr
+    assert done.stderr == (
+        f"eagledata: error: {server.url}: GET /server_info answered 200 with text/html "
+        f"({NGINX}), not JSON: is {server.url} an SGLang server?\n"
+    )
+
+
+def test_generate_answering_html_is_an_item_failure_saying_what_came(
+    tokenizer_dir: str, tmp_path: Path
+) -> None:
+    out = tmp_path / "run"
+    with HostileServer(tokenizer_dir, "html") as server:
+        config = make_config(
+            [server.url],
+            out,
+            generation={"samples_per_prompt": 2, "max_new_tokens": 32},
+            run={"limit": 2, "concurrency": 4},
+        )
+        summary = pipeline.generate(config, DATASET, None, progress=False)
+    assert (summary.written, summary.failed) == (2, 2)
+    assert {f["message"] for f in read_failures(out)} == {
+        f"{server.url}: POST /generate answered 200 with text/html ({NGINX}), not JSON"
+    }

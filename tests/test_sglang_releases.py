@@ -73,7 +73,7 @@ def captured_bodies(tokenizer_dir: str, tmp_path: Path, version: str) -> dict[st
     seen: dict[str, Any] = {}
     real = client_module.read_capped
 
-    async def recording(pool: Any, url: str, body: bytes, bound: int) -> tuple[int, bytes]:
+    async def recording(pool: Any, url: str, body: bytes, bound: int) -> Any:
         if url.endswith("/generate"):
             decoded = orjson.loads(body)
             seen.setdefault(_shape(decoded), decoded)

@@ -37,7 +37,7 @@ from eagledata.errors import (
     ServerUnavailableError,
 )
 from eagledata.server.answers import ServerDownError, canary_answer, generate_answer
-from eagledata.server.bodies import IDENTITY, BodyTooLarge, BodyUnreadable, read_bounded
+from eagledata.server.bodies import IDENTITY, BodyTooLarge, BodyUnreadable, Reply, read_bounded
 from eagledata.server.budget import SlotGate, TrafficGate
 from eagledata.server.control import ControlCalls
 from eagledata.server.pools import Pools
@@ -50,15 +50,15 @@ from eagledata.server.responses import response_bound
 from eagledata.server.serverfacts import BOTH_PIN_FIELDS
 
 
-async def read_capped(
-    pool: httpx.AsyncClient, url: str, body: bytes, bound: int
-) -> tuple[int, bytes]:
-    """POST ``body`` and read the answer's status and at most ``bound`` bytes of its body,
-    decoded in bounded steps (``bodies.read_bounded``); ``BodyTooLarge`` (the connection
-    closed, the rest never read or inflated) past that, ``BodyUnreadable`` for an encoding that
-    is not decoded."""
+async def read_capped(pool: httpx.AsyncClient, url: str, body: bytes, bound: int) -> Reply:
+    """POST ``body`` to ``url`` (a ``/generate`` route) and read the answer: its status, type
+    and at most ``bound`` bytes of its body, decoded in bounded steps (``bodies.read_bounded``);
+    ``BodyTooLarge`` (the connection closed, the rest never read or inflated) past that,
+    ``BodyUnreadable`` for an encoding that is not decoded."""
     async with pool.stream("POST", url, content=body, headers=IDENTITY) as response:
-        return response.status_code, await read_bounded(response, bound)
+        content = await read_bounded(response, bound)
+        kind = response.headers.get("content-type", "")
+        return Reply("POST", "/generate", response.status_code, kind, content)
 
 
 def _too_large(url: str, why: BodyTooLarge | BodyUnreadable, bound: int) -> str:
@@ -259,7 +259,7 @@ class SGLangClient(ControlCalls):
             # the whole request, not only each read: a server trickling a byte at a time
             # would otherwise hold it for ever
             async with asyncio.timeout(deadline):
-                status, content = await read_capped(
+                reply = await read_capped(
                     shard.pools[pool_index], endpoint.url + "/generate", body, bound
                 )
         except (BodyTooLarge, BodyUnreadable) as exc:
@@ -284,8 +284,7 @@ class SGLangClient(ControlCalls):
             endpoint.in_flight -= 1
             shard.load[pool_index] -= 1
         return generate_answer(
-            status,
-            content,
+            reply,
             input_ids,
             rid,
             endpoint.url,
@@ -328,7 +327,7 @@ class SGLangClient(ControlCalls):
             body = self.pinned(url, body, charged)  # where the gate counted it
         try:
             async with asyncio.timeout(self.request_timeout_s):
-                status, content = await read_capped(
+                reply = await read_capped(
                     self._pools.canary, url + "/generate", orjson.dumps(body), bound
                 )
         except (BodyTooLarge, BodyUnreadable) as exc:
@@ -342,7 +341,7 @@ class SGLangClient(ControlCalls):
         finally:
             self._leave_gate(entry)
         canary_vocab = max(self.vocab_size or 0, self.embedding_rows or 0) or None
-        return canary_answer(url, status, content, self._api_key_env, canary_vocab)
+        return canary_answer(url, reply, self._api_key_env, canary_vocab)
 
     # --- recovery: servers marked down, probed until one answers -----------------------------
 
