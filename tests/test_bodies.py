@@ -323,3 +323,39 @@ def test_generate_answering_html_is_an_item_failure_saying_what_came(
     assert {f["message"] for f in read_failures(out)} == {
         f"{server.url}: POST /generate answered 200 with text/html ({NGINX}), not JSON"
     }
+
+
+# --- a whole-call deadline on the blocking client -------------------------------------------
+
+
+def test_check_server_against_a_server_info_dripped_a_byte_a_second_ends_within_its_timeout(
+    tokenizer_dir: str,
+) -> None:
+    """Its timeout bounded each read, not the call: a byte a second kept it for hours."""
+    with HostileServer(tokenizer_dir, spoiled={"/server_info": "drip"}, trickle_s=1.0) as server:
+        started = time.monotonic()
+        done = subprocess.run(
+            eagledata_cmd("check-server", server.url, "--timeout", "3"),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        took = time.monotonic() - started
+    assert done.returncode == 3, done.stderr
+    assert done.stderr == (
+        f"eagledata: error: cannot read {server.url}/server_info (ReadTimeout: no whole answer "
+        "within 3s); check the server's log\n"
+    )
+    assert took < 3 + 15  # the CLI's own start (imports) on a loaded machine, and one read
+
+
+def test_the_blocking_clients_deadline_covers_the_whole_call(tokenizer_dir: str) -> None:
+    with (
+        HostileServer(tokenizer_dir, spoiled={"/server_info": "drip"}, trickle_s=0.5) as server,
+        httpx.Client(timeout=httpx.Timeout(30.0, connect=5.0)) as http,
+    ):
+        outcome, _, took = peak_of(lambda: fetch_server_info(http, server.url, deadline_s=2.0))
+    assert isinstance(outcome, ServerError), outcome
+    assert "no whole answer within 2s" in str(outcome)
+    assert took < 2 + 1
