@@ -177,10 +177,10 @@ def encoded(body: bytes, encoding: str) -> bytes:
 
 HTML = b"<!DOCTYPE html>\n<html><head><title>Welcome to nginx!</title></head></html>\n"
 
-SPOILS = ("gzip, gzip", "gzip", "deflate", "br", "html", "list", "drip")
+SPOILS = ("gzip, gzip", "gzip", "deflate", "br", "html", "list", "drip", "slow")
 """How ``HostileServer(spoiled={route: spoil})`` answers a control route: a bomb in that
-encoding, a brotli body (not decoded), an HTML page, a JSON list, or its honest body dripped
-one byte every ``trickle_s``."""
+encoding, a brotli body (not decoded), an HTML page, a JSON list, its honest body dripped one
+byte every ``trickle_s``, or its honest body after ``trickle_s``."""
 
 
 async def spoiled_answer(
@@ -197,6 +197,9 @@ async def spoiled_answer(
         )
     if spoil == "drip":
         return await _drip(server, request, honest)
+    if spoil == "slow":
+        await asyncio.sleep(server.trickle_s)
+        return web.Response(body=honest, content_type="application/json")
     return web.Response(
         body=bomb(spoil),
         headers={"Content-Type": "application/json", "Content-Encoding": spoil},
@@ -279,6 +282,8 @@ class HostileServer:
         self.sent_bytes = 0
         self.spoiled = dict(spoiled or {})
         self.spoiled_after = spoiled_after
+        self.asked: list[str] = []
+        """Every control route asked for, in order."""
         self.info = info
         self.port = 0
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -329,6 +334,7 @@ class HostileServer:
 
         def control(route: str) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
             async def answer(request: web.Request) -> web.StreamResponse:
+                self.asked.append(route)
                 spoil = self.spoiled.get(route)
                 if spoil is None or len(self.generate_times) < self.spoiled_after:
                     if route in ("/server_info", "/get_server_info"):
