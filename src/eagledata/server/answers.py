@@ -61,8 +61,10 @@ def generate_answer(
     max_new_tokens: int | None = None,
     vocab_size: int | None = None,
     embedding_rows: int | None = None,
+    stop_ids: frozenset[int] = frozenset(),
 ) -> GenerateResult:
-    """A production ``/generate`` answer: a result that keeps the token contract, or an error."""
+    """A production ``/generate`` answer: a result that keeps the token contract, or an error
+    (``stop_ids``: what stops this request, ``parse_generate_item``)."""
     status, content = reply.status, reply.body
     if status == 200:
         try:
@@ -79,6 +81,7 @@ def generate_answer(
             max_new_tokens=max_new_tokens,
             vocab_size=vocab_size,
             embedding_rows=embedding_rows,
+            stop_ids=stop_ids,
         )
     message = error_message(content)
     if status in (401, 403):

@@ -99,10 +99,13 @@ class SGLangClient(ControlCalls):
         health_poll_s: float = 2.0,
         vocab_size: int | None = None,
         embedding_rows: int | None = None,
+        eos_ids: frozenset[int] = frozenset(),
     ) -> None:
         """``vocab_size`` is the tokenizer's: an answer holding an id outside it is a contract
         violation (None: ids are only checked to be non-negative integers); ``embedding_rows``
-        the model's embedding, when known: an id between the two is named a padding row."""
+        the model's embedding, when known: an id between the two is named a padding row.
+        ``eos_ids``: the model's end-of-sequence ids, which stop every request not sent with
+        ``ignore_eos``."""
         if not urls:
             raise ServerError("no server URL given; pass --server URL")
         self.endpoints = [Endpoint(url.rstrip("/")) for url in urls]
@@ -118,6 +121,7 @@ class SGLangClient(ControlCalls):
         self.request_timeout_s = request_timeout_s
         self.vocab_size = vocab_size
         self.embedding_rows = embedding_rows
+        self.eos_ids = eos_ids
         self._recovering = asyncio.Lock()
         self.rank_pins: dict[str, tuple[str, ...]] = {}
         """Per server, the ``/generate`` field(s) that pin a DP rank
@@ -292,7 +296,15 @@ class SGLangClient(ControlCalls):
             max_new_tokens=sampling_params.get("max_new_tokens"),
             vocab_size=self.vocab_size,
             embedding_rows=self.embedding_rows,
+            stop_ids=self.stop_ids(sampling_params),
         )
+
+    def stop_ids(self, sampling_params: dict[str, Any]) -> frozenset[int]:
+        """The ids that stop a request of ``sampling_params``: its ``stop_token_ids``, and the
+        model's EOS unless it is sent with ``ignore_eos``."""
+        asked = sampling_params.get("stop_token_ids") or []
+        stops = frozenset(token for token in asked if type(token) is int)
+        return stops if sampling_params.get("ignore_eos") else stops | self.eos_ids
 
     def pinned(self, url: str, body: dict[str, Any], rank: int) -> dict[str, Any]:
         """``body`` pinned to DP rank ``rank`` of the server at ``url`` with the field its

@@ -9,6 +9,7 @@ tokenizing a 20 MB prompt whole peaked at 3.1 GB, only to learn it was too long.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -96,6 +97,17 @@ class PromptTokenizer:
     def hf(self) -> Any:
         """The ``transformers`` tokenizer itself, for readers of a run (export decodes with it)."""
         return self._tokenizer
+
+    @property
+    def eos_ids(self) -> frozenset[int]:
+        """The model's end-of-sequence ids: the tokenizer's EOS, and those of a
+        ``generation_config.json`` beside it (SGLang stops on every one of them)."""
+        ids = {self._tokenizer.eos_token_id}
+        config = Path(resolve_bundled(self.settings.name)) / "generation_config.json"
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            declared = json.loads(config.read_text()).get("eos_token_id")
+            ids.update(declared if isinstance(declared, list) else [declared])
+        return frozenset(token for token in ids if type(token) is int)
 
     @property
     def vocab_size(self) -> int:
