@@ -243,6 +243,31 @@ def test_the_releases_that_run_kimi_eagle3_have_its_hooks(release: Release) -> N
     assert _has_eagle3_hooks(release) != refuses
 
 
+def _length_checked_first(release: Release) -> bool:
+    """In the release's own ``Req`` finish check, does the ``max_new_tokens`` test come before
+    the stop-token test?"""
+    source = sglangkit.release_folder(release) / "sglang" / "srt" / "managers"
+    text = (source / "schedule_batch.py").read_text()
+    name = (
+        "def update_finish_state(" if "def update_finish_state(" in text else "def check_finished("
+    )
+    body = text[text.index(name) :]
+    body = body[: body.index("\n    def ", 1)]
+    length = body.index("len(self.output_ids) >= self.sampling_params.max_new_tokens")
+    stop = body.index("self._check_token_based_finish(")
+    return length < stop
+
+
+@pytest.mark.parametrize("release", RELEASES, ids=lambda r: r.version)
+def test_the_release_file_says_how_a_stop_at_the_length_limit_is_reported(
+    release: Release,
+) -> None:
+    """An answer whose stop token is its max_new_tokens-th id: ``length`` where the release
+    checks the length first (server/responses.py reads it as stopped either way)."""
+    expected = "length" if _length_checked_first(release) else "stop"
+    assert release.server.finish_at_limit == expected
+
+
 @pytest.mark.parametrize("release", RELEASES, ids=lambda r: r.version)
 def test_the_release_file_spells_flags_as_the_release_does(
     reports: dict[str, Any], release: Release
