@@ -111,10 +111,11 @@ CONTROL_CALLS: dict[str, Callable[[SGLangClient, str], Awaitable[Any]]] = {
     "/health": lambda client, url: client.health(url),
     "/v1/loads": _loads,
     "/metrics": _loads,
+    "/get_load": _loads,
     "/workers": lambda client, url: client.router_workers(url),
     "/abort_request": lambda client, url: client.abort(url, "eagledata-" + "0" * 32),
 }
-REFUSED = {"/server_info", "/v1/loads", "/metrics", "/workers"}
+REFUSED = {"/server_info", "/v1/loads", "/metrics", "/get_load", "/workers"}
 """Routes whose bomb is a one-line refusal; a bomb on /health is a server not ready (False),
 one on /abort_request a best-effort call that ends quietly."""
 
