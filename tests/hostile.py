@@ -10,8 +10,10 @@ every honest one a record. ``only_sample=None`` misbehaves on every answer.
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 import time
+import zlib
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Future
 from typing import Any
@@ -97,7 +99,10 @@ async def _trickle(
     server: HostileServer, request: web.Request, answer: Answer
 ) -> web.StreamResponse:
     """The honest answer, one byte every ``trickle_s``: every read is quick, the whole is not."""
-    body = orjson.dumps(answer)
+    return await _drip(server, request, orjson.dumps(answer))
+
+
+async def _drip(server: HostileServer, request: web.Request, body: bytes) -> web.StreamResponse:
     response = web.StreamResponse(
         headers={"Content-Type": "application/json", "Content-Length": str(len(body))}
     )
@@ -141,7 +146,98 @@ async def _count_types(server: HostileServer, request: web.Request, answer: Answ
     return await _rewrite(answer, _float_counts)
 
 
+BOMB_BYTES = 200 << 20
+"""What a bomb holds once inflated: far past any cap, small enough for a failing run to
+survive."""
+
+
+@functools.cache
+def bomb(encoding: str) -> bytes:
+    """``BOMB_BYTES`` of zeros, compressed as ``encoding`` says (``gzip, gzip``: twice): a few
+    hundred bytes to 200 kB on the wire."""
+    data = b""
+    for layer in (part.strip() for part in encoding.split(",")):
+        compressor = zlib.compressobj(9, zlib.DEFLATED, 31 if layer == "gzip" else 15)
+        if not data:
+            block = bytes(1 << 20)
+            out = [compressor.compress(block) for _ in range(BOMB_BYTES >> 20)]
+        else:
+            out = [compressor.compress(data)]
+        data = b"".join(out) + compressor.flush()
+    return data
+
+
+def encoded(body: bytes, encoding: str) -> bytes:
+    """``body`` compressed as ``encoding`` says, layer after layer."""
+    for layer in (part.strip() for part in encoding.split(",")):
+        compressor = zlib.compressobj(6, zlib.DEFLATED, 31 if layer == "gzip" else 15)
+        body = compressor.compress(body) + compressor.flush()
+    return body
+
+
+HTML = b"<!DOCTYPE html>\n<html><head><title>Welcome to nginx!</title></head></html>\n"
+
+SPOILS = ("gzip, gzip", "gzip", "deflate", "br", "html", "list", "drip", "slow")
+"""How ``HostileServer(spoiled={route: spoil})`` answers a control route: a bomb in that
+encoding, a brotli body (not decoded), an HTML page, a JSON list, its honest body dripped one
+byte every ``trickle_s``, or its honest body after ``trickle_s``."""
+
+
+async def spoiled_answer(
+    server: HostileServer, request: web.Request, spoil: str, honest: bytes
+) -> web.StreamResponse:
+    if spoil == "html":
+        return web.Response(body=HTML, content_type="text/html")
+    if spoil == "list":
+        return _json([1, 2, 3])
+    if spoil == "br":
+        return web.Response(
+            body=b"\x1b\xff\xff" * 100,
+            headers={"Content-Type": "application/json", "Content-Encoding": "br"},
+        )
+    if spoil == "drip":
+        return await _drip(server, request, honest)
+    if spoil == "slow":
+        await asyncio.sleep(server.trickle_s)
+        return web.Response(body=honest, content_type="application/json")
+    return web.Response(
+        body=bomb(spoil),
+        headers={"Content-Type": "application/json", "Content-Encoding": spoil},
+    )
+
+
+def _bomb(encoding: str) -> Misbehaviour:
+    async def act(server: HostileServer, request: web.Request, answer: Answer) -> web.Response:
+        server.sent_bytes += len(bomb(encoding))
+        return await spoiled_answer(server, request, encoding, b"")  # type: ignore[return-value]
+
+    return act
+
+
+def _encoded_honestly(encoding: str) -> Misbehaviour:
+    """The honest answer, compressed: what a proxy between might do; it must still be read."""
+
+    async def act(server: HostileServer, request: web.Request, answer: Answer) -> web.Response:
+        return web.Response(
+            body=encoded(orjson.dumps(answer), encoding),
+            headers={"Content-Type": "application/json", "Content-Encoding": encoding},
+        )
+
+    return act
+
+
+async def _html(server: HostileServer, request: web.Request, answer: Answer) -> web.Response:
+    return web.Response(body=HTML, content_type="text/html")
+
+
 MISBEHAVIOURS: dict[str, Misbehaviour] = {
+    "bomb_gzip_gzip": _bomb("gzip, gzip"),
+    "bomb_gzip": _bomb("gzip"),
+    "bomb_deflate": _bomb("deflate"),
+    "brotli": _bomb("br"),
+    "gzip_gzip_honest": _encoded_honestly("gzip, gzip"),
+    "deflate_honest": _encoded_honestly("deflate"),
+    "html": _html,
     "id_negative": _ids(_one(0, -1)),
     "id_2_33": _ids(_one(3, 2**33)),
     "ids_shifted": _ids(lambda ids: [token + 10_000_000 for token in ids]),
@@ -170,7 +266,13 @@ class HostileServer:
         only_sample: int | None = 0,
         trickle_s: float = 0.2,
         context_length: int = 32768,
+        spoiled: dict[str, str] | None = None,
+        spoiled_after: int = 0,
+        info: dict[str, Any] | None = None,
     ) -> None:
+        """``spoiled``: control routes answered badly (``SPOILS``), e.g. ``{"/server_info":
+        "html"}``, once ``spoiled_after`` ``/generate`` requests have come (0: from the start);
+        ``info``: the ``/server_info`` to answer in place of the simulator's."""
         self.model = SimConfig(tokenizer_path=tokenizer_dir, context_length=context_length)
         self.misbehaviour = misbehaviour
         self.only_sample = only_sample
@@ -178,6 +280,11 @@ class HostileServer:
         self.generate_times: list[float] = []
         """When each /generate request arrived (monotonic)."""
         self.sent_bytes = 0
+        self.spoiled = dict(spoiled or {})
+        self.spoiled_after = spoiled_after
+        self.asked: list[str] = []
+        """Every control route asked for, in order."""
+        self.info = info
         self.port = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._runner: web.AppRunner | None = None
@@ -209,11 +316,37 @@ class HostileServer:
     def _app(self) -> web.Application:
         app = web.Application(client_max_size=2**30)
 
-        async def health(request: web.Request) -> web.Response:
-            return web.Response(text="")
+        def honest_info() -> dict[str, Any]:
+            if self.info is not None:
+                return self.info
+            return server_info(self.model, host="127.0.0.1", port=self.port, throughput=0)
 
-        async def info(request: web.Request) -> web.Response:
-            return _json(server_info(self.model, host="127.0.0.1", port=self.port, throughput=0))
+        honest_bodies: dict[str, Callable[[], bytes]] = {
+            "/health": lambda: b"",
+            "/server_info": lambda: orjson.dumps(honest_info()),
+            "/get_server_info": lambda: orjson.dumps(honest_info()),
+            "/v1/loads": lambda: orjson.dumps({"loads": [{"dp_rank": 0, "num_running_reqs": 0}]}),
+            "/metrics": lambda: b"sglang:num_running_reqs 0\n",
+            "/get_load": lambda: orjson.dumps([{"num_reqs": 0, "num_waiting_reqs": 0}]),
+            "/workers": lambda: orjson.dumps({"workers": []}),
+            "/abort_request": lambda: b"{}",
+        }
+
+        def control(route: str) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+            async def answer(request: web.Request) -> web.StreamResponse:
+                self.asked.append(route)
+                spoil = self.spoiled.get(route)
+                if spoil is None or len(self.generate_times) < self.spoiled_after:
+                    if route in ("/server_info", "/get_server_info"):
+                        return _json(honest_info())
+                    if route == "/health":
+                        return web.Response(text="")
+                    if route == "/abort_request":
+                        return _json({})
+                    raise web.HTTPNotFound()
+                return await spoiled_answer(self, request, spoil, honest_bodies[route]())
+
+            return answer
 
         async def generate(request: web.Request) -> web.StreamResponse:
             self.generate_times.append(time.monotonic())
@@ -226,14 +359,12 @@ class HostileServer:
                 return _json(answer)  # honest (and every one-token probe: the server works)
             return await MISBEHAVIOURS[self.misbehaviour](self, request, answer)
 
-        async def abort(request: web.Request) -> web.Response:
-            return _json({})
-
-        app.router.add_get("/health", health)
-        app.router.add_get("/server_info", info)
-        app.router.add_get("/get_server_info", info)
+        for route in ("/health", "/server_info", "/get_server_info", "/v1/loads", "/metrics"):
+            app.router.add_get(route, control(route))
+        for route in ("/get_load", "/workers"):
+            app.router.add_get(route, control(route))
         app.router.add_post("/generate", generate)
-        app.router.add_post("/abort_request", abort)
+        app.router.add_post("/abort_request", control("/abort_request"))
         return app
 
     async def _start(self) -> int:

@@ -255,3 +255,63 @@ def test_records_never_hold_a_bad_rows_text(bad_rows_run: tuple[Path, Any, int])
     out, _, _ = bad_rows_run
     raw = (out / "failures.jsonl").read_bytes()
     assert all(orjson.loads(line) for line in raw.splitlines())
+
+
+# Run the CLI in this process and say its peak RSS (KiB) on the last line of stdout: VmHWM, the
+# peak of this process's own memory since its exec (getrusage's ru_maxrss keeps the parent's
+# from before the exec: a pytest grown large would count).
+PEAK_RSS = """
+import sys
+sys.argv = ["eagledata", *sys.argv[1:]]
+from eagledata.cli import main
+try:
+    main()
+except SystemExit:
+    pass
+with open("/proc/self/status") as status:
+    peak = next(line.split()[1] for line in status if line.startswith("VmHWM:"))
+print("peak", peak)
+"""
+HUGE_PROMPT_CHARS = 8 << 20
+
+
+@pytest.mark.parametrize("turns", ["last", "all"])
+def test_a_huge_prompt_is_refused_by_its_size_before_it_is_tokenized(
+    tokenizer_dir: str, tmp_path: Path, turns: str
+) -> None:
+    """A 20 MB prompt was tokenized whole before its length was looked at: 3.1 GB at the peak.
+    Now it is a failure line saying why, from its characters, and the run's memory stays near
+    what a run of small prompts takes."""
+    import subprocess
+    import sys
+
+    dataset = tmp_path / "rows.jsonl"
+    text = "word " * (HUGE_PROMPT_CHARS // 5)
+    huge = {"id": "huge", "conversations": [{"from": "human", "value": text}]}
+    small = {"id": "small", "conversations": [{"from": "human", "value": "hello there"}]}
+    dataset.write_bytes(orjson.dumps(small) + b"\n" + orjson.dumps(huge) + b"\n")
+    with SimServerThread(sim_config(tokenizer_dir)) as server:
+        config = tmp_path / "eagledata.toml"
+        config.write_text(
+            f'[tokenizer]\nname = "{TOKENIZER}"\n[server]\nurls = ["{server.url}"]\n'
+            f'[generation]\nmax_new_tokens = 16\nturns = "{turns}"\n'
+            "[run]\nconcurrency = 2\n[canary]\nenabled = false\n"
+        )
+        out = tmp_path / "run"
+        done = subprocess.run(
+            [sys.executable, "-c", PEAK_RSS, "generate", "--config", str(config), "--dataset",
+             str(dataset), "--out", str(out), "--no-progress"],
+            capture_output=True, text=True, timeout=300, check=False,
+        )  # fmt: skip
+    peak_kib = int(done.stdout.split()[-1])
+    # a run of small prompts peaks near 150 MB; the 8 MB prompt adds its row, its string and
+    # its messages (tokenized, it took ~1.2 GB)
+    assert peak_kib < 400 * 1024, f"peak RSS {peak_kib / 1024:.0f} MB"
+    failures = read_failures(out)
+    assert [f["row_id"] for f in failures] == ["huge"], done.stderr
+    assert failures[0]["reason"] == "prompt_too_long"
+    assert failures[0]["message"] == (
+        f"prompt has {len(text) + len('user'):,} characters, more than 32751 tokens can hold at "
+        "32 a token (server context_length); not tokenized"
+    )
+    assert len(read_records(out)) == 1

@@ -158,3 +158,76 @@ def test_ctrl_c_while_the_cli_starts_is_one_line_never_a_traceback(module: str) 
     )
     assert result.returncode == 130, result.stderr
     assert result.stderr == "eagledata: interrupted\n"
+
+
+# Send SIGUSR1 to this process the moment it first imports ``target``.
+USR1_AT_IMPORT = INTERRUPT_AT_IMPORT.replace("signal.SIGINT", "signal.SIGUSR1")
+
+
+@pytest.mark.parametrize("module", ["typer", "eagledata.config", "eagledata.run.pipeline"])
+def test_usr1_while_the_cli_starts_prints_the_stacks_and_the_command_goes_on(module: str) -> None:
+    """The README offers kill -USR1 to see where a run waits; before the run's loop installed
+    its handler, USR1 killed the process (exit 138)."""
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            USR1_AT_IMPORT,
+            module,
+            "generate",
+            "--dataset",
+            "/nonexistent/rows.jsonl",
+            "--no-progress",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 2, result.stderr  # the command's own end: no such dataset
+    assert "(most recent call first)" in result.stderr, result.stderr
+    assert result.stderr.rstrip().splitlines()[-1].startswith("eagledata: error:")
+
+
+def test_usr1_while_the_servers_are_checked_prints_every_task_and_the_run_goes_on(
+    tokenizer_dir: str, tmp_path: Path
+) -> None:
+    """During the start's server checks (a /server_info slow to come), USR1 prints each task's
+    chain of awaits as it does mid-run; the run then ends as it would have."""
+    with HostileServer(tokenizer_dir, spoiled={"/server_info": "slow"}, trickle_s=2.0) as server:
+        config = tmp_path / "eagledata.toml"
+        config.write_text(
+            f'[tokenizer]\nname = "{TOKENIZER}"\n[server]\nurls = ["{server.url}"]\n'
+            "[generation]\nmax_new_tokens = 16\n"
+            "[run]\nconcurrency = 2\nlimit = 1\n[canary]\nenabled = false\n"
+        )
+        process = subprocess.Popen(
+            eagledata_cmd(
+                "generate",
+                "--config",
+                str(config),
+                "--dataset",
+                DATASET,
+                "--out",
+                str(tmp_path / "run"),
+                "--no-progress",
+            ),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            deadline = time.monotonic() + 60
+            while "/server_info" not in server.asked:
+                assert process.poll() is None, process.communicate()
+                assert time.monotonic() < deadline, "the server was never checked"
+                time.sleep(0.01)
+            process.send_signal(signal.SIGUSR1)
+            _, err = process.communicate(timeout=120)
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.communicate()
+    assert process.returncode == 0, err
+    assert "--- task " in err, err
+    assert "Traceback" not in err

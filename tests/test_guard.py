@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -10,10 +11,11 @@ from typing import Any
 import orjson
 import pytest
 
-from conftest import SAMPLES, make_config, read_records, sim_config
+from conftest import SAMPLES, eagledata_cmd, make_config, read_records, sim_config
 from eagledata.errors import ServerRefusedError
 from eagledata.run import pipeline
 from eagledata.simserver import SimServerThread
+from hostile import HostileServer
 
 DATASET = str(SAMPLES / "sharegpt.jsonl")
 KIMI = {"expected_model": "moonshotai/Kimi-K2.5", "bf16_kv_bytes_per_token": 70272}
@@ -116,3 +118,41 @@ def test_switch_to_fp8_mid_run_lands_no_post_switch_record(
     with SimServerThread(sim_config(tokenizer_dir)) as good:
         summary = pipeline.resume(out, server_urls=[good.url], progress=False)
     assert summary.written == 40 and summary.left == 0
+
+
+# --- a /server_info without what SGLang always sends cannot vouch for bf16 ------------------
+
+BARE_INFO = {"model_path": "tiny-chatml", "kv_cache_dtype": "bf16"}
+
+
+def test_check_server_cannot_verify_a_server_info_of_two_fields(tokenizer_dir: str) -> None:
+    """{model_path, kv_cache_dtype: bf16} and nothing else was called "bf16 KV ok" (exit 0)."""
+    with HostileServer(tokenizer_dir, info=BARE_INFO) as server:
+        done = subprocess.run(
+            eagledata_cmd("check-server", server.url, "--expected-model", "tiny-chatml"),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    assert done.returncode == 4, done.stdout + done.stderr
+    verdict = next(line for line in done.stdout.splitlines() if line.startswith("verdict"))
+    assert verdict.split(None, 1)[1] == (
+        "REFUSED: cannot verify the KV cache: server_info has no version, max_total_num_tokens, "
+        "internal_states, which every SGLang server sends (point eagledata at the SGLang server "
+        "itself, not at something that answers /server_info in its place)"
+    )
+
+
+def test_a_run_against_a_server_info_of_two_fields_is_refused(
+    tokenizer_dir: str, tmp_path: Path
+) -> None:
+    out = tmp_path / "run"
+    with HostileServer(tokenizer_dir, info=BARE_INFO) as server:
+        config = make_config([server.url], out, run={"limit": 2, "concurrency": 2})
+        with pytest.raises(ServerRefusedError) as refused:
+            pipeline.generate(config, str(SAMPLES / "prompts.jsonl"), None, progress=False)
+    assert refused.value.exit_code == 4
+    assert "cannot verify the KV cache: server_info has no version" in str(refused.value)
+    assert "point eagledata at the SGLang server itself" in str(refused.value)
+    assert not out.exists() or read_records(out) == []

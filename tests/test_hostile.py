@@ -192,3 +192,32 @@ def test_the_canary_never_takes_an_id_outside_the_vocabulary(
         "the tokenizer's vocabulary [0, 3000)"
     )
     assert read_records(out) == []
+
+
+def test_a_dripped_answer_leaves_no_unretrieved_task_exception(
+    tokenizer_dir: str, tmp_path: Path
+) -> None:
+    """The abort sent for each timed-out request ran in a shielded task nobody retrieved: when
+    the server was as slow to answer the abort (here: 6 s, past the abort's own 5 s), ~60
+    lines of "Task exception was never retrieved" at the end of the run."""
+    import subprocess
+
+    from conftest import TOKENIZER, eagledata_cmd
+
+    slow_abort = {"/abort_request": "slow"}
+    with HostileServer(tokenizer_dir, "trickle", trickle_s=6.0, spoiled=slow_abort) as server:
+        config = tmp_path / "eagledata.toml"
+        config.write_text(
+            f'[tokenizer]\nname = "{TOKENIZER}"\n[server]\nurls = ["{server.url}"]\n'
+            "request_timeout_s = 1.0\nmax_attempts = 2\n"
+            "[generation]\nmax_new_tokens = 32\nsamples_per_prompt = 2\n"
+            "[run]\nconcurrency = 4\nlimit = 2\n[canary]\nenabled = false\n"
+        )
+        done = subprocess.run(
+            eagledata_cmd("generate", "--config", str(config), "--dataset", DATASET, "--out",
+                          str(tmp_path / "run"), "--no-progress"),
+            capture_output=True, text=True, timeout=300, check=False,
+        )  # fmt: skip
+    assert "never retrieved" not in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    assert {f["reason"] for f in read_failures(tmp_path / "run")} == {"timeout"}

@@ -236,6 +236,7 @@ def _facts(tp: int, bytes_per_token: int, **top: Any) -> ServerFacts:
             "model_path": "/m",
             "tp_size": tp,
             "version": "0.5.23",
+            "max_total_num_tokens": tokens,
             **top,
             "internal_states": [
                 {

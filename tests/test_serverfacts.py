@@ -137,10 +137,15 @@ def test_auto_without_internal_states_is_refused() -> None:
     assert "no internal_states" in verdict.problems[0]
 
 
-def test_bf16_without_internal_states_passes_with_a_note() -> None:
+def test_bf16_without_internal_states_cannot_be_verified() -> None:
+    """Every SGLang release sends internal_states: an answer without them is not SGLang's, and
+    its bf16 label vouches for nothing (it passed with a note)."""
     verdict = judge(s9_body(with_internal_states=False))
-    assert verdict.ok
-    assert any("no internal_states" in note for note in verdict.notes)
+    assert not verdict.ok and verdict.cannot_verify
+    assert verdict.problems == [
+        "cannot verify the KV cache: server_info has no internal_states, which every SGLang "
+        "server sends"
+    ]
 
 
 def test_bf16_label_with_fp8_sized_pool_is_refused() -> None:
@@ -241,7 +246,11 @@ def test_missing_keys_read_as_none() -> None:
     facts = ServerFacts.from_server_info({})
     assert facts.kv_cache_dtype is None and facts.internal_states is None
     verdict = evaluate_kv_guard(facts, expected_model=None, bf16_bytes_per_token=None)
-    assert verdict.problems == ["server_info has no kv_cache_dtype"]
+    assert verdict.problems == [
+        "cannot verify the KV cache: server_info has no version, max_total_num_tokens, "
+        "internal_states, which every SGLang server sends",
+        "server_info has no kv_cache_dtype",
+    ]
 
 
 @pytest.mark.parametrize(

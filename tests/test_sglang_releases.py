@@ -73,7 +73,7 @@ def captured_bodies(tokenizer_dir: str, tmp_path: Path, version: str) -> dict[st
     seen: dict[str, Any] = {}
     real = client_module.read_capped
 
-    async def recording(pool: Any, url: str, body: bytes, bound: int) -> tuple[int, bytes]:
+    async def recording(pool: Any, url: str, body: bytes, bound: int) -> Any:
         if url.endswith("/generate"):
             decoded = orjson.loads(body)
             seen.setdefault(_shape(decoded), decoded)
@@ -241,6 +241,31 @@ def _has_eagle3_hooks(release: Release) -> bool:
 def test_the_releases_that_run_kimi_eagle3_have_its_hooks(release: Release) -> None:
     refuses = "kimi-k25-eagle3" in release.refuses
     assert _has_eagle3_hooks(release) != refuses
+
+
+def _length_checked_first(release: Release) -> bool:
+    """In the release's own ``Req`` finish check, does the ``max_new_tokens`` test come before
+    the stop-token test?"""
+    source = sglangkit.release_folder(release) / "sglang" / "srt" / "managers"
+    text = (source / "schedule_batch.py").read_text()
+    name = (
+        "def update_finish_state(" if "def update_finish_state(" in text else "def check_finished("
+    )
+    body = text[text.index(name) :]
+    body = body[: body.index("\n    def ", 1)]
+    length = body.index("len(self.output_ids) >= self.sampling_params.max_new_tokens")
+    stop = body.index("self._check_token_based_finish(")
+    return length < stop
+
+
+@pytest.mark.parametrize("release", RELEASES, ids=lambda r: r.version)
+def test_the_release_file_says_how_a_stop_at_the_length_limit_is_reported(
+    release: Release,
+) -> None:
+    """An answer whose stop token is its max_new_tokens-th id: ``length`` where the release
+    checks the length first (server/responses.py reads it as stopped either way)."""
+    expected = "length" if _length_checked_first(release) else "stop"
+    assert release.server.finish_at_limit == expected
 
 
 @pytest.mark.parametrize("release", RELEASES, ids=lambda r: r.version)

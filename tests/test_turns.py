@@ -775,3 +775,42 @@ def test_a_mix_named_in_another_order_is_another_run(sim: SimServerThread, tmp_p
     # the same order continues it
     again = pipeline.generate(config, ["alpha", "beta"], None, progress=False)
     assert again.written == 6 and again.session_records == 0
+
+
+@pytest.mark.parametrize("version", ["0.5.9", "0.5.23"])
+def test_an_answer_ending_on_its_stop_token_at_max_new_tokens_is_stopped_in_every_release(
+    tokenizer_dir: str, prompt_tokenizer: PromptTokenizer, tmp_path: Path, version: str
+) -> None:
+    """0.5.9 checks the length before the stop token: an answer whose stop token is its
+    max_new_tokens-th id comes back as ``length``, the stop id its last id. It was flagged
+    truncated, and the next turn's history carried the stop token as text, the template adding
+    its own: ``<|im_end|><|im_end|>`` in the next turn's input_ids. Read as 0.5.23 reports it,
+    the records are the same in both releases."""
+    config = sim_config(tokenizer_dir, version=version, stop_at_limit_fraction=1.0)
+    config = config.model_copy(update={"length_fraction": 0.0})
+    eos = prompt_tokenizer.hf.eos_token_id
+    tables = datasets(tmp_path, rows=6)
+    out = tmp_path / "run"
+    with SimServerThread(config) as server:
+        run = make_config(
+            [server.url],
+            out,
+            generation={"turns": "all", "max_new_tokens": 24},
+            datasets=tables,
+        )
+        # the server says what its release says of these answers
+        answer, finish = expected_output([1, 2, 3], {"max_new_tokens": 24}, server.config)
+        assert len(answer) == 24 and answer[-1] == eos
+        assert finish["type"] == ("length" if version == "0.5.9" else "stop")
+        summary = pipeline.generate(run, ["sg", "oa"], None, progress=False)
+    assert summary.failed == 0 and summary.left == 0
+    records = read_records(out)
+    assert any(record["turn"] > 0 for record in records)
+    for record in records:
+        assert record["output_ids"][-1] == eos and len(record["output_ids"]) == 24
+        assert record["finish_reason"] == "stop", record["id"]
+        assert record["matched_token_id"] == eos
+        assert not record["flags"]["truncated"], record["id"]
+        pairs = zip(record["input_ids"], record["input_ids"][1:], strict=False)
+        assert (eos, eos) not in set(pairs), f"{record['id']}: the stop token twice"
+        assert "<|im_end|><|im_end|>" not in prompt_tokenizer.hf.decode(record["input_ids"])

@@ -14,7 +14,10 @@ task cannot hang the process on its way out either.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import faulthandler
 import io
+import signal
 from collections.abc import Callable, Coroutine
 from types import TracebackType
 from typing import Any, TypeVar
@@ -26,6 +29,19 @@ RECANCEL_EVERY_S = 0.05
 
 abandoned: set[asyncio.Task[Any]] = set()
 """Tasks a scope gave up on: ``run_until_done`` does not wait for them at shutdown."""
+
+
+def stacks_on_usr1() -> None:
+    """``kill -USR1 <pid>`` prints every thread's Python stack on stderr, whatever the process
+    is doing (importing, reading a dataset, loading a tokenizer): installed when the process
+    starts, and again whenever a running loop's own handler (every task's stack,
+    ``run/signals.py``) is removed, which would otherwise leave the default action (the process
+    killed, exit 138)."""
+    usr1 = getattr(signal, "SIGUSR1", None)
+    if usr1 is None:
+        return
+    with contextlib.suppress(ValueError, RuntimeError, OSError, AttributeError):
+        faulthandler.register(usr1, all_threads=True, chain=False)
 
 
 def task_stacks(tasks: set[asyncio.Task[Any]] | None = None, limit: int = 32) -> str:

@@ -2,7 +2,8 @@
 
 A command needs seconds of imports (typer, pydantic, httpx, the library) before its own work
 begins. ``quiet_start`` (first thing ``cli.main`` does) makes a Ctrl-C in that time end the
-process with ``eagledata: interrupted``; ``hand_back`` (``shell.guarded``, when the command's work
+process with ``eagledata: interrupted`` (and a ``kill -USR1`` print every thread's stack);
+``hand_back`` (``shell.guarded``, when the command's work
 begins) restores Python's own ``KeyboardInterrupt``, which the command turns into its clean stop.
 """
 
@@ -28,6 +29,10 @@ def _interrupted_while_starting(signum: int, frame: FrameType | None) -> None:
 def quiet_start() -> None:
     with contextlib.suppress(ValueError):  # not the main thread: signals are not ours
         signal.signal(signal.SIGINT, _interrupted_while_starting)
+    # kill -USR1 shows where the process waits from its first instant (README), never kills it
+    from eagledata.tasks import stacks_on_usr1
+
+    stacks_on_usr1()
 
 
 def hand_back() -> None:

@@ -28,6 +28,10 @@ def check_server(
     bf16_bytes_per_token: Annotated[
         int | None, typer.Option(help="The model's bf16 KV bytes/token (Kimi-K2.5: 70272)")
     ] = None,
+    timeout: Annotated[
+        float,
+        typer.Option(min=0.1, help="Seconds for the server's whole answer (not each read)"),
+    ] = 30.0,
 ) -> None:
     """Print a server's facts and the bf16 verdict; exit non-zero if it would be refused."""
     import httpx
@@ -47,6 +51,7 @@ def check_server(
                 bf16_bytes_per_token=bf16_bytes_per_token or server.bf16_kv_bytes_per_token,
                 kv_heads=None if bf16_bytes_per_token else server.kv_heads,
                 api_key_env=server.api_key_env,
+                deadline_s=timeout,
             )
 
     facts, verdict = guarded(check)

@@ -54,6 +54,10 @@ class ServerFactsRules(_Strict):
     rank_pin: RankPin
     dcp_capacity: DcpCapacity
     get_load: bool
+    finish_at_limit: Literal["length", "stop"] = "stop"
+    """How an answer whose stop token is its ``max_new_tokens``-th id is reported: ``length``
+    (the length is checked before the stop token: the stop id is the last output id) or
+    ``stop`` (the stop token first)."""
 
 
 class CheckRules(_Strict):

@@ -82,6 +82,8 @@ class SessionStartup(SessionItems):
             # an answer's ids are checked against the vocabulary before anything reads them
             vocab_size=None if tokenizer is None else tokenizer.vocab_size,
             embedding_rows=None if tokenizer is None else tokenizer.embedding_rows,
+            # an answer cut at its length on its stop token ended (server/responses.py)
+            eos_ids=frozenset() if tokenizer is None else tokenizer.eos_ids,
         )
 
     async def _contact_servers(

@@ -14,7 +14,7 @@ from typing import Any
 from eagledata.errors import EagledataError
 from eagledata.run.progress import Progress
 from eagledata.run.scheduler import Scheduler
-from eagledata.tasks import task_stacks
+from eagledata.tasks import stacks_on_usr1, task_stacks
 
 
 def write_task_dump(run_dir: Path, why: str) -> Path | None:
@@ -73,29 +73,46 @@ def stop_on_signals(
         elif main_task is not None:
             main_task.cancel()
 
-    def dump_tasks() -> None:
-        # kill -USR1 <pid>: where is every task waiting? (a multi-day run must be debuggable)
-        sys.stderr.write(task_stacks(asyncio.all_tasks(loop)))
-
-    with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-        loop.add_signal_handler(signal.SIGUSR1, dump_tasks)
-    installed = [signal.SIGUSR1]
+    installed = []
     for signum in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
             loop.add_signal_handler(signum, on_interrupt)
             installed.append(signum)
     try:
-        yield
+        with tasks_on_usr1(loop):
+            yield
     finally:
         for signum in installed:
             loop.remove_signal_handler(signum)
 
 
 @contextlib.contextmanager
+def tasks_on_usr1(loop: asyncio.AbstractEventLoop) -> Iterator[None]:
+    """While the loop runs: ``kill -USR1 <pid>`` prints every task's stack, where each waits (a
+    multi-day run must be debuggable); after, every thread's stack again (``stacks_on_usr1``),
+    never the default action that kills the process."""
+
+    def dump_tasks() -> None:
+        sys.stderr.write(task_stacks(asyncio.all_tasks(loop)))
+
+    try:
+        loop.add_signal_handler(signal.SIGUSR1, dump_tasks)
+    except (NotImplementedError, RuntimeError, ValueError):
+        yield
+        return
+    try:
+        yield
+    finally:
+        loop.remove_signal_handler(signal.SIGUSR1)
+        stacks_on_usr1()
+
+
+@contextlib.contextmanager
 def cancel_on_signals(on_signal: Callable[[], None]) -> Iterator[None]:
     """Before the work starts (the servers' checks, the canary's baseline): one SIGINT/SIGTERM
     calls ``on_signal`` and cancels the task that entered this block; there is nothing in flight
-    to finish. ``stop_on_signals`` takes over once requests are sent."""
+    to finish. ``stop_on_signals`` takes over once requests are sent. SIGUSR1 prints every
+    task's stack, as it does mid-run."""
     loop = asyncio.get_running_loop()
     main_task = asyncio.current_task()
 
@@ -110,7 +127,8 @@ def cancel_on_signals(on_signal: Callable[[], None]) -> Iterator[None]:
             loop.add_signal_handler(signum, on_interrupt)
             installed.append(signum)
     try:
-        yield
+        with tasks_on_usr1(loop):
+            yield
     finally:
         for signum in installed:
             loop.remove_signal_handler(signum)

@@ -41,7 +41,7 @@ from eagledata.rundir.records import failure_line, turn_id
 from eagledata.server.responses import GenerateResult
 from eagledata.source.answers import AnswerReader
 from eagledata.source.conversations import turn_messages
-from eagledata.source.tokenization import PromptTokenizer, check_length
+from eagledata.source.tokenization import PromptTokenizer, check_length, check_size
 from eagledata.source.workitem import PREVIOUS_TURN_FAILED, Answered, Outcome, WorkItem
 
 PLAN_BATCH = 64
@@ -205,6 +205,7 @@ class TurnSource:
                 messages = turn_messages(
                     item.messages, self._answer(answered), conversation.segment(turn)
                 )
+                check_size(messages, conversation.limit)
                 input_ids = self.tokenizer.encode(messages, conversation.template_kwargs)
                 check_length(input_ids, conversation.limit)
             except ItemError as exc:

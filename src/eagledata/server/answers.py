@@ -21,6 +21,7 @@ from eagledata.errors import (
     ServerError,
     ServerUnavailableError,
 )
+from eagledata.server.bodies import Reply
 from eagledata.server.responses import (
     GenerateResult,
     check_token_ids,
@@ -51,8 +52,7 @@ def auth_error(url: str, status: int, api_key_env: str) -> ServerError:
 
 
 def generate_answer(
-    status: int,
-    content: bytes,
+    reply: Reply,
     input_ids: list[int],
     rid: str,
     url: str,
@@ -61,13 +61,18 @@ def generate_answer(
     max_new_tokens: int | None = None,
     vocab_size: int | None = None,
     embedding_rows: int | None = None,
+    stop_ids: frozenset[int] = frozenset(),
 ) -> GenerateResult:
-    """A production ``/generate`` answer: a result that keeps the token contract, or an error."""
+    """A production ``/generate`` answer: a result that keeps the token contract, or an error
+    (``stop_ids``: what stops this request, ``parse_generate_item``)."""
+    status, content = reply.status, reply.body
     if status == 200:
         try:
             item = orjson.loads(content)
         except orjson.JSONDecodeError:
-            raise ContractViolationError("response body is not JSON") from None
+            raise ContractViolationError(
+                f"{url}: POST /generate answered {reply.what_came()}, not JSON"
+            ) from None
         return parse_generate_item(
             item,
             input_ids,
@@ -76,6 +81,7 @@ def generate_answer(
             max_new_tokens=max_new_tokens,
             vocab_size=vocab_size,
             embedding_rows=embedding_rows,
+            stop_ids=stop_ids,
         )
     message = error_message(content)
     if status in (401, 403):
@@ -90,13 +96,14 @@ def generate_answer(
 
 
 def canary_answer(
-    url: str, status: int, content: bytes, api_key_env: str, vocab_size: int | None = None
+    url: str, reply: Reply, api_key_env: str, vocab_size: int | None = None
 ) -> dict[str, Any]:
     """A canary's ``/generate`` answer as parsed JSON (no token contract: the canary checks
     what it asked for), its ``output_ids`` inside the vocabulary (the model's embedding, when
     known: the canary compares ids, never decodes them, so a padding row is an id like any).
     ``ServerUnavailableError`` on 5xx, ``ServerError`` on a refusal (4xx) or an answer that
     cannot be one."""
+    status, content = reply.status, reply.body
     if status in (401, 403):
         raise auth_error(url, status, api_key_env)
     if status >= 500:
@@ -105,12 +112,9 @@ def canary_answer(
     if status != 200:
         message = error_message(content)
         raise ServerError(f"{url} refused a canary request (HTTP {status}: {message})")
-    try:
-        answer = orjson.loads(content)
-    except orjson.JSONDecodeError:
-        raise ServerError(f"{url}: /generate answered something that is not JSON") from None
+    answer = reply.json(url)
     if not isinstance(answer, dict):
-        raise ServerError(f"{url}: /generate answered {type(answer).__name__}, not an object")
+        raise ServerError(reply.wrong_shape(url, "an object", answer))
     ids = answer.get("output_ids")
     if ids is not None:
         try:

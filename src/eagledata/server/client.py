@@ -6,8 +6,10 @@
 * Work goes to the healthy server with the fewest requests in flight from us.
 * Every response is checked against the token contract (``responses``) before it becomes a
   ``GenerateResult``; its body is read with a size cap derived from the request
-  (``responses.response_bound``: a larger one is refused unread), and the whole request, not
-  only the gap between two reads, has a deadline (``request_timeout_s``).
+  (``responses.response_bound``: a larger one is refused unread, and a compressed one is
+  inflated in bounded steps, the cap looked at after each: ``bodies``), and the whole request,
+  not only the gap between two reads, has a deadline (``request_timeout_s``) that no
+  decompression can outlast.
 * httpx exceptions are translated here, by type, never by message text, into the error tree;
   status codes and bodies are read by ``answers``: ``RetryableItemError`` (try again),
   ``RejectedRequestError`` (the request itself is bad), ``ServerError`` (the run cannot go on).
@@ -35,6 +37,7 @@ from eagledata.errors import (
     ServerUnavailableError,
 )
 from eagledata.server.answers import ServerDownError, canary_answer, generate_answer
+from eagledata.server.bodies import IDENTITY, BodyTooLarge, BodyUnreadable, Reply, read_bounded
 from eagledata.server.budget import SlotGate, TrafficGate
 from eagledata.server.control import ControlCalls
 from eagledata.server.pools import Pools
@@ -47,28 +50,20 @@ from eagledata.server.responses import response_bound
 from eagledata.server.serverfacts import BOTH_PIN_FIELDS
 
 
-class ResponseTooLarge(Exception):
-    """A body past its cap: refused before it is read whole."""
+async def read_capped(pool: httpx.AsyncClient, url: str, body: bytes, bound: int) -> Reply:
+    """POST ``body`` to ``url`` (a ``/generate`` route) and read the answer: its status, type
+    and at most ``bound`` bytes of its body, decoded in bounded steps (``bodies.read_bounded``);
+    ``BodyTooLarge`` (the connection closed, the rest never read or inflated) past that,
+    ``BodyUnreadable`` for an encoding that is not decoded."""
+    async with pool.stream("POST", url, content=body, headers=IDENTITY) as response:
+        content = await read_bounded(response, bound)
+        kind = response.headers.get("content-type", "")
+        return Reply("POST", "/generate", response.status_code, kind, content)
 
 
-async def read_capped(
-    pool: httpx.AsyncClient, url: str, body: bytes, bound: int
-) -> tuple[int, bytes]:
-    """POST ``body`` and read the answer's status and at most ``bound`` bytes of its body;
-    ``ResponseTooLarge`` (the connection closed, the rest never read) past that."""
-    async with pool.stream("POST", url, content=body) as response:
-        declared = response.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > bound:
-            raise ResponseTooLarge(f"it declares {int(declared):,} bytes")
-        received = bytearray()
-        async for chunk in response.aiter_bytes():
-            received += chunk
-            if len(received) > bound:
-                raise ResponseTooLarge(f"it passed {bound:,} bytes")
-        return response.status_code, bytes(received)
-
-
-def _too_large(url: str, why: ResponseTooLarge, bound: int) -> str:
+def _too_large(url: str, why: BodyTooLarge | BodyUnreadable, bound: int) -> str:
+    if isinstance(why, BodyUnreadable):
+        return f"{url}: POST /generate answer refused unread: {why}"
     return (
         f"{url}: answer refused unread: {why}, more than an answer to this request can hold "
         f"({bound:,} bytes)"
@@ -104,10 +99,13 @@ class SGLangClient(ControlCalls):
         health_poll_s: float = 2.0,
         vocab_size: int | None = None,
         embedding_rows: int | None = None,
+        eos_ids: frozenset[int] = frozenset(),
     ) -> None:
         """``vocab_size`` is the tokenizer's: an answer holding an id outside it is a contract
         violation (None: ids are only checked to be non-negative integers); ``embedding_rows``
-        the model's embedding, when known: an id between the two is named a padding row."""
+        the model's embedding, when known: an id between the two is named a padding row.
+        ``eos_ids``: the model's end-of-sequence ids, which stop every request not sent with
+        ``ignore_eos``."""
         if not urls:
             raise ServerError("no server URL given; pass --server URL")
         self.endpoints = [Endpoint(url.rstrip("/")) for url in urls]
@@ -123,6 +121,7 @@ class SGLangClient(ControlCalls):
         self.request_timeout_s = request_timeout_s
         self.vocab_size = vocab_size
         self.embedding_rows = embedding_rows
+        self.eos_ids = eos_ids
         self._recovering = asyncio.Lock()
         self.rank_pins: dict[str, tuple[str, ...]] = {}
         """Per server, the ``/generate`` field(s) that pin a DP rank
@@ -264,10 +263,10 @@ class SGLangClient(ControlCalls):
             # the whole request, not only each read: a server trickling a byte at a time
             # would otherwise hold it for ever
             async with asyncio.timeout(deadline):
-                status, content = await read_capped(
+                reply = await read_capped(
                     shard.pools[pool_index], endpoint.url + "/generate", body, bound
                 )
-        except ResponseTooLarge as exc:
+        except (BodyTooLarge, BodyUnreadable) as exc:
             raise ContractViolationError(_too_large(endpoint.url, exc, bound)) from None
         except httpx.ConnectError as exc:
             endpoint.healthy = False
@@ -289,8 +288,7 @@ class SGLangClient(ControlCalls):
             endpoint.in_flight -= 1
             shard.load[pool_index] -= 1
         return generate_answer(
-            status,
-            content,
+            reply,
             input_ids,
             rid,
             endpoint.url,
@@ -298,7 +296,15 @@ class SGLangClient(ControlCalls):
             max_new_tokens=sampling_params.get("max_new_tokens"),
             vocab_size=self.vocab_size,
             embedding_rows=self.embedding_rows,
+            stop_ids=self.stop_ids(sampling_params),
         )
+
+    def stop_ids(self, sampling_params: dict[str, Any]) -> frozenset[int]:
+        """The ids that stop a request of ``sampling_params``: its ``stop_token_ids``, and the
+        model's EOS unless it is sent with ``ignore_eos``."""
+        asked = sampling_params.get("stop_token_ids") or []
+        stops = frozenset(token for token in asked if type(token) is int)
+        return stops if sampling_params.get("ignore_eos") else stops | self.eos_ids
 
     def pinned(self, url: str, body: dict[str, Any], rank: int) -> dict[str, Any]:
         """``body`` pinned to DP rank ``rank`` of the server at ``url`` with the field its
@@ -333,10 +339,10 @@ class SGLangClient(ControlCalls):
             body = self.pinned(url, body, charged)  # where the gate counted it
         try:
             async with asyncio.timeout(self.request_timeout_s):
-                status, content = await read_capped(
+                reply = await read_capped(
                     self._pools.canary, url + "/generate", orjson.dumps(body), bound
                 )
-        except ResponseTooLarge as exc:
+        except (BodyTooLarge, BodyUnreadable) as exc:
             raise ServerError(_too_large(url, exc, bound)) from None
         except TimeoutError:
             raise ServerUnavailableError(
@@ -347,7 +353,7 @@ class SGLangClient(ControlCalls):
         finally:
             self._leave_gate(entry)
         canary_vocab = max(self.vocab_size or 0, self.embedding_rows or 0) or None
-        return canary_answer(url, status, content, self._api_key_env, canary_vocab)
+        return canary_answer(url, reply, self._api_key_env, canary_vocab)
 
     # --- recovery: servers marked down, probed until one answers -----------------------------
 

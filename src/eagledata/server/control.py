@@ -3,7 +3,9 @@
 sglang-router, and aborting a generation given up on.
 
 ``ControlCalls`` is the base of ``SGLangClient`` (``server/client.py``): the same pools, the
-control pool's own deadline (``CONTROL_DEADLINE_S``), and a refused key said as such.
+control pool's own deadline (``CONTROL_DEADLINE_S``, on the whole call), every body read under
+``CONTROL_BODY_BOUND`` as it is decompressed and parsed by ``bodies.Reply`` (``server/bodies.py``),
+and a refused key said as such.
 """
 
 from __future__ import annotations
@@ -13,10 +15,17 @@ import contextlib
 from typing import Any
 
 import httpx
-import orjson
 
 from eagledata.errors import ServerError, ServerUnavailableError
 from eagledata.server.answers import auth_error, router_worker_urls
+from eagledata.server.bodies import (
+    IDENTITY,
+    BodyTooLarge,
+    BodyUnreadable,
+    Reply,
+    get_bounded,
+    read_bounded,
+)
 from eagledata.server.loads import (
     ServerLoad,
     parse_get_load,
@@ -43,58 +52,76 @@ class ControlCalls:
         self._missing_load_routes: dict[str, set[str]] = {}
 
     async def abort(self, url: str, rid: str) -> None:
-        """Ask the server to stop a generation we gave up on, so it stops holding KV cache."""
-        # Best effort: the server also aborts a request whose client disconnected.
-        with contextlib.suppress(
-            httpx.HTTPError, asyncio.CancelledError, RuntimeError, TimeoutError
-        ):
-            async with asyncio.timeout(5.0):
-                await asyncio.shield(
-                    self._pools.control.post(url + "/abort_request", json={"rid": rid}, timeout=5.0)
-                )
+        """Ask the server to stop a generation we gave up on, so it stops holding KV cache.
 
-    async def _control_get(self, url: str) -> httpx.Response:
-        """GET on the control pool (``CONTROL_DEADLINE_S`` for the whole call), tried once more
-        if a pooled keep-alive connection was closed under us: that is not a dead server, and
-        must not mark one down."""
+        Best effort: the server also aborts a request whose client disconnected. The request is
+        its own task, shielded, so that a cancelled caller still sends it; that task's end is
+        always retrieved (``_send_abort`` keeps every failure to itself, and a done callback
+        reads whatever is left), never printed by the loop as "Task exception was never
+        retrieved" (a dripping server once gave ~60 such tracebacks)."""
+        sending = asyncio.get_running_loop().create_task(
+            self._send_abort(url, rid), name=f"abort {rid}"
+        )
+        sending.add_done_callback(_retrieve)
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.shield(sending)
+
+    async def _send_abort(self, url: str, rid: str) -> None:
+        with contextlib.suppress(Exception):
+            async with (
+                asyncio.timeout(5.0),
+                self._pools.control.stream(
+                    "POST", url + "/abort_request", json={"rid": rid}, headers=IDENTITY
+                ) as response,
+            ):
+                await read_bounded(response, 1 << 16)
+
+    async def _control_get(self, url: str, route: str) -> Reply:
+        """GET on the control pool (``CONTROL_DEADLINE_S`` for the whole call, decompression
+        and all), tried once more if a pooled keep-alive connection was closed under us: that
+        is not a dead server, and must not mark one down. A body past its cap, or in an
+        encoding not decoded, is ``ServerError`` naming the route."""
         try:
             async with asyncio.timeout(CONTROL_DEADLINE_S):
                 try:
-                    return await self._pools.control.get(url)
+                    return await get_bounded(self._pools.control, url, route)
                 except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError):
-                    return await self._pools.control.get(url)
+                    return await get_bounded(self._pools.control, url, route)
         except TimeoutError:
             raise httpx.ReadTimeout(f"no whole answer within {CONTROL_DEADLINE_S:g}s") from None
+        except (BodyTooLarge, BodyUnreadable) as exc:
+            raise ServerError(
+                f"{url}: GET {route} answer refused unread: {exc}; is {url} an SGLang server?"
+            ) from None
 
     async def health(self, url: str) -> bool:
         try:
-            response = await self._control_get(url + "/health")
-        except httpx.HTTPError:
+            reply = await self._control_get(url, "/health")
+        except (httpx.HTTPError, ServerError):
             return False
-        return response.status_code == 200
+        return reply.status == 200
 
-    async def _read_control_route(self, url: str, route: str) -> httpx.Response:
+    async def _read_control_route(self, url: str, route: str) -> Reply:
         """GET a control route; an unreachable server and a refused key become our errors."""
         try:
-            response = await self._control_get(url + route)
+            reply = await self._control_get(url, route)
         except httpx.HTTPError as exc:
             raise ServerUnavailableError(f"{url}: cannot read {route}: {exc!r}") from None
-        if response.status_code in (401, 403):
-            raise auth_error(url, response.status_code, self._api_key_env)
-        return response
+        if reply.status in (401, 403):
+            raise auth_error(url, reply.status, self._api_key_env)
+        return reply
 
     async def server_info(self, url: str) -> dict[str, Any]:
         """The server's ``/server_info`` (``/get_server_info`` on older builds)."""
         last_error = ""
         for route in ("/server_info", "/get_server_info"):
-            response = await self._read_control_route(url, route)
-            if response.status_code == 200:
-                body = orjson.loads(response.content)
+            reply = await self._read_control_route(url, route)
+            if reply.status == 200:
+                body = reply.json(url)
                 if isinstance(body, dict):
                     return body
-                last_error = f"{route} returned {type(body).__name__}"
-            else:
-                last_error = f"{route} answered HTTP {response.status_code}"
+                raise ServerError(reply.wrong_shape(url, "an object", body))
+            last_error = f"{route} answered HTTP {reply.status}"
         raise ServerError(f"{url}: no server facts ({last_error}); is it an SGLang server?")
 
     async def read_load(self, url: str) -> ServerLoad | None:
@@ -124,20 +151,17 @@ class ControlCalls:
         self, url: str, route: str, missing: set[str], *, text: bool = False
     ) -> Any:
         try:
-            response = await self._control_get(url + route)
+            reply = await self._control_get(url, route)
         except httpx.HTTPError:
             return None
-        if response.status_code in (404, 405):
+        if reply.status in (404, 405):
             missing.add(route.split("?")[0])
             return None
-        if response.status_code != 200:
+        if reply.status != 200:
             return None
         if text:
-            return response.text
-        try:
-            return orjson.loads(response.content)
-        except orjson.JSONDecodeError:
-            return None
+            return reply.text
+        return reply.json(url)
 
     async def router_workers(self, url: str) -> list[str] | None:
         """The workers behind an sglang-router at ``url``; None when ``url`` is no router.
@@ -148,10 +172,16 @@ class ControlCalls:
         are left out.
         """
         for route, key in (("/workers", "workers"), ("/list_workers", "urls")):
-            response = await self._read_control_route(url, route)
-            if response.status_code != 200:
+            reply = await self._read_control_route(url, route)
+            if reply.status != 200:
                 continue
-            urls = router_worker_urls(response.content, key)
+            urls = router_worker_urls(reply.body, key)
             if urls is not None:
                 return urls
         return None
+
+
+def _retrieve(task: asyncio.Task[None]) -> None:
+    """Read a finished task's outcome, so that the loop never reports it as unretrieved."""
+    if not task.cancelled():
+        task.exception()

@@ -7,7 +7,7 @@ from typing import Any
 
 from eagledata.server.serverfacts import ServerFacts
 from eagledata.server.speculative import format_speculative
-from eagledata.server.verdict import REFUSAL_FIX, GuardVerdict, group_dtypes
+from eagledata.server.verdict import GuardVerdict, group_dtypes
 
 
 def _fmt(value: object, formatter: Callable[[Any], str] = str) -> str:
@@ -94,7 +94,7 @@ def format_facts(facts: ServerFacts, verdict: GuardVerdict) -> str:
         ),
         ("bytes per KV token", bpt),
         ("speculative decoding", format_speculative(facts.speculative)),
-        ("verdict", verdict.summary() + (f" ({REFUSAL_FIX})" if verdict.kv_refused else "")),
+        ("verdict", verdict.summary() + (f" ({verdict.fix()})" if verdict.fix() else "")),
     ]
     rows += [("note", note) for note in verdict.notes]
     width = max(len(label) for label, _ in rows)

@@ -17,7 +17,7 @@ from eagledata.errors import ServerRefusedError, ServerUnavailableError
 from eagledata.rundir.lines import CheckLine
 from eagledata.server.client import SGLangClient
 from eagledata.server.serverfacts import ServerFacts
-from eagledata.server.verdict import REFUSAL_FIX, GuardVerdict, evaluate_kv_guard
+from eagledata.server.verdict import GuardVerdict, evaluate_kv_guard
 
 
 class CheckLog(Protocol):
@@ -125,7 +125,7 @@ class KVGuard:
         self._log(url, facts, verdict, via)
         if not verdict.ok:
             where = url if via is None else f"{url} (behind the router {via})"
-            fix = f". Fix: {REFUSAL_FIX}" if verdict.kv_refused else ""
+            fix = f". Fix: {verdict.fix()}" if verdict.fix() else ""
             raise ServerRefusedError(f"{where} refused: {'; '.join(verdict.problems)}{fix}")
         if self.expected_model is None:
             # Pin the model seen first: a later swap to another model is refused like fp8 is.

@@ -1,6 +1,8 @@
 """Is a server up, and what is it? The ``/health`` poll of a server starting, and its
 ``/server_info`` fetched and judged by the bf16 guard (``check-server``, ``launch-server``,
-``plan --server``), over a blocking ``httpx.Client``."""
+``plan --server``), over a blocking ``httpx.Client``: every call bounded as a whole
+(``CONTROL_DEADLINE_S``, not each read) and every body under its cap as it is decompressed
+(``bodies.get_bounded_sync``)."""
 
 from __future__ import annotations
 
@@ -10,38 +12,54 @@ from collections.abc import Callable
 
 import httpx
 
-from eagledata.errors import LaunchError, ServerRefusedError, ServerUnavailableError
+from eagledata.errors import LaunchError, ServerError, ServerRefusedError, ServerUnavailableError
 from eagledata.server.answers import auth_error
+from eagledata.server.bodies import BodyTooLarge, BodyUnreadable, get_bounded_sync
+from eagledata.server.control import CONTROL_DEADLINE_S
 from eagledata.server.serverfacts import ServerFacts
 from eagledata.server.verdict import GuardVerdict, evaluate_kv_guard
 
 ProgressCallback = Callable[[str], None]
 
 
-def probe_health(client: httpx.Client, base_url: str) -> tuple[bool, str]:
+def probe_health(
+    client: httpx.Client, base_url: str, deadline_s: float = CONTROL_DEADLINE_S
+) -> tuple[bool, str]:
     """One ``GET /health``: ``(ready, what was seen)``. Never raises for network trouble."""
     try:
-        response = client.get(f"{base_url}/health")
+        reply = get_bounded_sync(client, base_url, "/health", deadline_s=deadline_s)
     except httpx.ConnectError:
         return False, "not listening yet"
     except httpx.TimeoutException:
         return False, "timed out"
     except httpx.HTTPError as error:
         return False, type(error).__name__
-    if response.status_code == 200:
+    except (BodyTooLarge, BodyUnreadable) as error:
+        return False, f"answer refused unread: {error}"
+    if reply.status == 200:
         return True, "HTTP 200"
-    return False, f"HTTP {response.status_code}"
+    return False, f"HTTP {reply.status}"
 
 
 def fetch_server_info(
-    client: httpx.Client, base_url: str, api_key_env: str = "SGLANG_API_KEY"
-) -> object:
-    """The JSON body of ``/server_info`` (falls back to ``/get_server_info`` on a 404). A
-    refused key (401/403) is said as such, naming ``api_key_env``."""
+    client: httpx.Client,
+    base_url: str,
+    api_key_env: str = "SGLANG_API_KEY",
+    deadline_s: float = CONTROL_DEADLINE_S,
+) -> dict[str, object]:
+    """The JSON object of ``/server_info`` (falls back to ``/get_server_info`` on a 404). A
+    refused key (401/403) is said as such, naming ``api_key_env``; an answer that is not a JSON
+    object, or larger than any ``/server_info``, in one line naming the route. Each route's
+    whole call ends within ``deadline_s``."""
     last = ""
     for route in ("/server_info", "/get_server_info"):
         try:
-            response = client.get(f"{base_url}{route}")
+            reply = get_bounded_sync(client, base_url, route, deadline_s=deadline_s)
+        except (BodyTooLarge, BodyUnreadable) as error:
+            raise ServerError(
+                f"{base_url}: GET {route} answer refused unread: {error}; is {base_url} an "
+                "SGLang server?"
+            ) from None
         except httpx.HTTPError as error:
             fix = (
                 "is an SGLang server running there? start one (eagledata launch-server) or fix "
@@ -52,17 +70,17 @@ def fetch_server_info(
             raise ServerUnavailableError(
                 f"cannot read {base_url}{route} ({type(error).__name__}: {error}); {fix}"
             ) from None
-        if response.status_code == 404:
+        if reply.status == 404:
             last = f"{route}: HTTP 404"
             continue
-        if response.status_code in (401, 403):
-            raise auth_error(base_url, response.status_code, api_key_env)
-        if response.status_code != 200:
-            raise ServerRefusedError(f"{base_url}{route}: HTTP {response.status_code}")
-        try:
-            return response.json()
-        except ValueError:
-            raise ServerRefusedError(f"{base_url}{route}: body is not JSON") from None
+        if reply.status in (401, 403):
+            raise auth_error(base_url, reply.status, api_key_env)
+        if reply.status != 200:
+            raise ServerRefusedError(f"{base_url}{route}: HTTP {reply.status}")
+        body = reply.json(base_url)
+        if not isinstance(body, dict):
+            raise ServerError(reply.wrong_shape(base_url, "an object", body))
+        return body
     raise ServerRefusedError(f"{base_url}: no server_info endpoint ({last})")
 
 
@@ -114,9 +132,12 @@ def check_running_server(
     kv_heads: int | None = None,
     expected_version: str | None = None,
     api_key_env: str = "SGLANG_API_KEY",
+    deadline_s: float = CONTROL_DEADLINE_S,
 ) -> tuple[ServerFacts, GuardVerdict]:
-    """Fetch ``/server_info`` and judge it (what ``check-server`` needs)."""
-    facts = ServerFacts.from_server_info(fetch_server_info(client, base_url, api_key_env))
+    """Fetch ``/server_info`` (within ``deadline_s``) and judge it (what ``check-server``
+    needs)."""
+    info = fetch_server_info(client, base_url, api_key_env, deadline_s)
+    facts = ServerFacts.from_server_info(info)
     verdict = evaluate_kv_guard(
         facts,
         expected_model=expected_model,

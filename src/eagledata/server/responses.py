@@ -178,12 +178,19 @@ def parse_generate_item(
     max_new_tokens: int | None = None,
     vocab_size: int | None = None,
     embedding_rows: int | None = None,
+    stop_ids: frozenset[int] = frozenset(),
 ) -> GenerateResult:
     """Check one ``/generate`` item against the token contract (invariant 1) before anything
     reads it: the counts, every id inside the vocabulary (``vocab_size``, the tokenizer's), no
     more ids than asked for (``max_new_tokens``, the stop token aside), the text's length in
     proportion, and every field of the type the record keeps. A breach is
-    ``ContractViolationError``: an item failure, never a record."""
+    ``ContractViolationError``: an item failure, never a record.
+
+    An answer reported cut at its length whose last id is one of ``stop_ids`` (the ids that
+    stop this request) ended on its stop token: 0.5.9 and 0.5.15.post1 check the length before
+    the stop token, so they say ``length`` where 0.5.23 says ``stop`` for the same ids. It is
+    read as 0.5.23 reports it (``stop``, that id matched): never flagged truncated, and its stop
+    token never carried into a later turn's history as text."""
     if not isinstance(item, dict):
         raise ContractViolationError(f"response is {type(item).__name__}, not an object")
     meta = item.get("meta_info")
@@ -201,6 +208,9 @@ def parse_generate_item(
         finish_reason = "length"
     else:
         raise ContractViolationError(f"unknown finish_reason {finish!r}")
+    stopped_at_limit = (
+        kind == "length" and bool(output_ids) and type(output_ids[-1]) is int
+    ) and output_ids[-1] in stop_ids
     prompt_tokens = _count(meta, "prompt_tokens")
     completion_tokens = _count(meta, "completion_tokens")
     if prompt_tokens != len(input_ids):
@@ -226,6 +236,8 @@ def parse_generate_item(
             "tokens decode to"
         )
     matched = finish.get("matched") if kind == "stop" and isinstance(finish, dict) else None
+    if stopped_at_limit:
+        finish_reason, matched = "stop", output_ids[-1]
     if type(matched) is int:
         check_token_ids(
             [matched], vocab_size, "finish_reason.matched", embedding_rows=embedding_rows

@@ -27,6 +27,8 @@ import httpx
 
 from eagledata.errors import LaunchError, ServerRefusedError
 from eagledata.server.answers import router_worker_urls
+from eagledata.server.bodies import BodyTooLarge, BodyUnreadable, get_bounded_sync
+from eagledata.server.control import CONTROL_DEADLINE_S
 from eagledata.server.launch import start_process, stop_process
 from eagledata.server.readiness import ProgressCallback, check_running_server
 from eagledata.server.serverfacts import ServerFacts
@@ -111,12 +113,12 @@ def healthy_workers(client: httpx.Client, url: str) -> list[str] | None:
     """The workers the router at ``url`` marks healthy (``GET /workers``); None while it does
     not answer."""
     try:
-        response = client.get(f"{url}/workers")
-    except httpx.HTTPError:
+        reply = get_bounded_sync(client, url, "/workers", deadline_s=CONTROL_DEADLINE_S)
+    except (httpx.HTTPError, BodyTooLarge, BodyUnreadable):
         return None
-    if response.status_code != 200:
+    if reply.status != 200:
         return None
-    return router_worker_urls(response.content, "workers")
+    return router_worker_urls(reply.body, "workers")
 
 
 def wait_for_router(

@@ -13,7 +13,11 @@ The guard (docs/sglang.md) trusts no single field, because SGLang resolves
   rank's GiB, so the rows are taken as the server's release reports them;
 * a draft model's own KV dtype (``speculative_draft_kv_cache_dtype``, 0.5.23) must be unset
   (it follows the target's) or bf16;
-* the served ``model_path`` must be the expected model.
+* the served ``model_path`` must be the expected model;
+* and it must be an SGLang ``/server_info`` at all: every release sends ``version``,
+  ``max_total_num_tokens`` and ``internal_states`` (one entry per rank); an answer without them
+  (a proxy's, a stub's, one that holds only ``model_path`` and ``kv_cache_dtype``) cannot
+  vouch for the cache, and is refused as "cannot verify", never called bf16.
 
 A check that depends on how a release this eagledata does not know reports is skipped, with a
 note (``ServerFacts.release_note``).
@@ -33,6 +37,10 @@ from eagledata.server.speculative import speculative_guard
 BF16_NAMES = frozenset({"bf16", "bfloat16"})
 BYTES_PER_TOKEN_TOLERANCE = 0.10
 KVCACHE_ROUNDING_GIB = 0.005
+ALWAYS_SENT = ("version", "max_total_num_tokens", "internal_states")
+"""What every SGLang release's ``/server_info`` holds (its scheduler's facts and the version):
+without them the dtype fields beside cannot be trusted to be SGLang's."""
+CANNOT_VERIFY = "cannot verify the KV cache"
 """SGLang rounds ``memory_usage.kvcache`` to 2 decimals (GiB) up to 0.5.15.post1, 3 in 0.5.23."""
 
 
@@ -79,8 +87,23 @@ class GuardVerdict(BaseModel):
             raise ServerRefusedError(
                 "server refused, nothing it generates may land: "
                 + "; ".join(self.problems)
-                + f" ({REFUSAL_FIX})"
+                + f" ({self.fix() or REFUSAL_FIX})"
             )
+
+    @property
+    def cannot_verify(self) -> bool:
+        """The answer is not an SGLang ``/server_info``: nothing in it can vouch for bf16."""
+        return any(problem.startswith(CANNOT_VERIFY) for problem in self.problems)
+
+    def fix(self) -> str | None:
+        """What to do about this refusal: point eagledata at SGLang itself (``cannot_verify``),
+        the KV flag (``kv_refused``); None when neither is the cause (only the model is)."""
+        if self.cannot_verify:
+            return (
+                "point eagledata at the SGLang server itself, not at something that answers "
+                "/server_info in its place"
+            )
+        return REFUSAL_FIX if self.kv_refused else None
 
 
 def _is_bf16(dtype: str | None) -> bool:
@@ -119,6 +142,12 @@ def evaluate_kv_guard(
     notes: list[str] = []
     requested = facts.kv_cache_dtype
     states = facts.internal_states or []
+    missing = [name for name in ALWAYS_SENT if not getattr(facts, name)]
+    if missing:
+        problems.append(
+            f"{CANNOT_VERIFY}: server_info has no {', '.join(missing)}, which every SGLang "
+            "server sends"
+        )
 
     if requested is None:
         problems.append("server_info has no kv_cache_dtype")

@@ -109,6 +109,9 @@ class SimConfig(BaseModel):
     """False makes ``/health`` answer 503 (a wedged server)."""
     length_fraction: float = Field(default=0.1, ge=0.0, le=1.0)
     """Share of requests that run to ``max_new_tokens`` instead of stopping on EOS."""
+    stop_at_limit_fraction: float = Field(default=0.0, ge=0.0, le=1.0)
+    """Share of the stopping answers whose stop token is their ``max_new_tokens``-th id: the
+    release says ``stop`` or ``length`` for them (``finish_at_limit`` of its release file)."""
     seed: int = 0
 
     # --- the SGLang capacity engine (simserver/capacity.py; issue 9) ----------------------------

@@ -14,6 +14,7 @@ from typing import Any
 
 import orjson
 
+from eagledata.profiles.releases import release_for
 from eagledata.simserver.answers import EMPTY, LOOP, draw_shape, loop_answer
 from eagledata.simserver.config import SimConfig
 from eagledata.simserver.model import TABLE_SIZE, ModelSpec, resolve_model
@@ -117,8 +118,11 @@ def generate(
         length = lo + (pick >> 20) % (hi - lo + 1)
         if config.output_len_mean is not None:
             length = _modelled_length(config, prompt_len, pick, lo, hi, long_answer)
+        at_limit = (pick >> 40) % 1_000_000 < config.stop_at_limit_fraction * 1_000_000
+        if at_limit:
+            length = max_new  # the stop token is the last id the budget allows: exactly
         stop = stops[(pick >> 8) % len(stops)] if len(stops) > 1 else stops[0]
-        ids = _body(model, offset, length - 1, banned, whole_words=True)
+        ids = _body(model, offset, length - 1, banned, whole_words=not at_limit)
         ids.append(stop)
         finish = {"type": "stop", "matched": stop}
     if config.think_share and model.think is not None and ids and think_state != "off":
@@ -132,6 +136,8 @@ def generate(
         finish = {"type": "length", "length": max_new}
     if (config.degraded if degraded is None else degraded) and ids:
         ids = degraded_answer(model, ids, h, banned, finish)
+    if finish["type"] == "stop" and len(ids) == max_new and length_checked_first(config):
+        finish = {"type": "length", "length": max_new}  # the stop id stays the last id
     if fp8:
         twin = generate(
             model, digest, spec, max_new, config, fp8=False, sample_index=index,
@@ -141,6 +147,12 @@ def generate(
         if twin[0] == ids and ids:  # fp8 must visibly differ from bf16: nudge the first token
             ids[0] = next(t for t in model.table if t != ids[0] and t not in banned)
     return ids, finish
+
+
+def length_checked_first(config: SimConfig) -> bool:
+    """Does the release report an answer whose stop token is its ``max_new``-th id as cut at
+    the length (0.5.9, 0.5.15.post1), not as stopped (0.5.23)?"""
+    return release_for(config.version)[0].server.finish_at_limit == "length"
 
 
 def _thinking(

@@ -3,10 +3,13 @@
 The template is applied once per prompt, client-side; nothing downstream ever re-tokenizes. The
 length limit comes from the server (``max_req_input_len``, and prompt + max_new_tokens must stay
 below ``context_length``) and from an optional configured cap: an over-long prompt is never sent.
+A prompt far past it is refused by its characters before it is tokenized (``check_size``):
+tokenizing a 20 MB prompt whole peaked at 3.1 GB, only to learn it was too long.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -96,6 +99,17 @@ class PromptTokenizer:
         return self._tokenizer
 
     @property
+    def eos_ids(self) -> frozenset[int]:
+        """The model's end-of-sequence ids: the tokenizer's EOS, and those of a
+        ``generation_config.json`` beside it (SGLang stops on every one of them)."""
+        ids = {self._tokenizer.eos_token_id}
+        config = Path(resolve_bundled(self.settings.name)) / "generation_config.json"
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            declared = json.loads(config.read_text()).get("eos_token_id")
+            ids.update(declared if isinstance(declared, list) else [declared])
+        return frozenset(token for token in ids if type(token) is int)
+
+    @property
     def vocab_size(self) -> int:
         """Ids a model with this tokenizer can produce: ``[0, vocab_size)``, added tokens
         included. An answer holding any other id breaks the token contract."""
@@ -163,6 +177,26 @@ class PromptTokenizer:
             ids, skip_special_tokens=False, clean_up_tokenization_spaces=False
         )
         return list(self._tokenizer.encode(text, add_special_tokens=False))
+
+
+MAX_CHARS_PER_TOKEN = 32
+"""More characters than any prompt's tokens hold on average: English runs ~4 a token, code
+and whitespace a few more, CJK fewer than 2. A prompt past ``max_prompt_tokens`` times this
+cannot fit whatever its tokens turn out to be."""
+
+
+def check_size(messages: list[Message], limit: LengthLimit) -> None:
+    """Refuse, before it is tokenized, a prompt whose characters could not fit in the limit's
+    tokens (``MAX_CHARS_PER_TOKEN`` each): ``PromptTooLongError``, an item failure."""
+    if limit.max_prompt_tokens is None:
+        return
+    most = limit.max_prompt_tokens * MAX_CHARS_PER_TOKEN
+    chars = sum(len(value) for message in messages for value in message.values())
+    if chars > most:
+        raise PromptTooLongError(
+            f"prompt has {chars:,} characters, more than {limit.max_prompt_tokens} tokens can "
+            f"hold at {MAX_CHARS_PER_TOKEN} a token ({limit.source}); not tokenized"
+        )
 
 
 def check_length(input_ids: list[int], limit: LengthLimit) -> None:

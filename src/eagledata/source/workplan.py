@@ -42,7 +42,7 @@ from eagledata.source.dataset import SourceRow
 from eagledata.source.fingerprint import row_hash
 from eagledata.source.mix import Mix, mix_rows
 from eagledata.source.prompts import Message, row_messages, to_messages
-from eagledata.source.tokenization import LengthLimit, PromptTokenizer, check_length
+from eagledata.source.tokenization import LengthLimit, PromptTokenizer, check_length, check_size
 from eagledata.source.workitem import (
     PREVIOUS_TURN_FAILED,
     Answered,
@@ -151,6 +151,7 @@ class WorkPlan(Iterator[WorkItem | Answered | Outcome]):
             messages = to_messages(plan.row.data, dataset.member.dataset)
             if self.reasoning_field:
                 messages = with_reasoning_field(messages)
+            check_size(messages, dataset.limit)
             input_ids = self.tokenizer.encode(messages, dataset.template_kwargs)
             key = prompt_key(input_ids)
             check_length(input_ids, dataset.limit)
@@ -217,6 +218,7 @@ class WorkPlan(Iterator[WorkItem | Answered | Outcome]):
             return
         try:
             first = sent[0]
+            check_size(first, dataset.limit)
             input_ids = self.tokenizer.encode(first, dataset.template_kwargs)
             key = conversation_key(input_ids, sent[1:])
             check_length(input_ids, dataset.limit)
