@@ -35,6 +35,7 @@ from conftest import SAMPLES, make_config, read_failures, read_records, sim_conf
 from eagledata.errors import ServerRefusedError
 from eagledata.run import pipeline
 from eagledata.rundir.verify import verify_run
+from eagledata.server.verdict import REFUSAL_FIX
 from eagledata.simserver import SimServerThread, expected_output
 
 pytest.importorskip(
@@ -218,7 +219,8 @@ def test_one_fp8_worker_behind_the_router_refuses_the_run(
             pipeline.generate(make_config([url], out), DATASET, None, progress=False)
         assert bad.stats()["requests"] == good.stats()["requests"] == 0
     assert str(caught.value) == (
-        f"{bad.url} (behind the router {url}) refused: kv_cache_dtype is 'fp8_e4m3', not bf16"
+        f"{bad.url} (behind the router {url}) refused: kv_cache_dtype is 'fp8_e4m3', not bf16. "
+        f"Fix: {REFUSAL_FIX}"
     )
     assert not read_records(out)
 
