@@ -22,6 +22,7 @@ from conftest import TOKENIZER, read_records, sim_config, until
 from eagledata.errors import DatasetError, ServerRefusedError, UsageError
 from eagledata.export.selection import Selection
 from eagledata.simserver import SimServerThread
+from trainerkit import VENV, torch_overlay
 
 PROMPTS = [f"Tell me fact number {i} about the sea." for i in range(12)]
 FAST = {
@@ -252,3 +253,66 @@ def test_a_round_killed_midway_resumes_exactly_once(tokenizer_dir: str, tmp_path
     ids = [r.id for r in eagledata.records(out, round=0)]
     assert len(ids) == 40 and len(set(ids)) == 40
     assert summary.left == 0 and summary.session_records <= 40 - kept
+
+
+SMALL_CANARY = {
+    "canary": True,
+    "canary.prompts": 4,
+    "canary.reference_tokens": 32,
+    "canary.probes": 2,
+    "canary.probe_tokens": 16,
+    "canary.load_requests": 2,
+}
+
+
+def test_the_canary_runs_as_in_the_cli(sim: SimServerThread, tmp_path: Path) -> None:
+    out = tmp_path / "rounds"
+    summary = eagledata.regenerate(PROMPTS, **call_args(sim.url, out, **SMALL_CANARY))
+    assert summary.written == 12
+    assert "0 failed" in summary.canary and "passed" in summary.canary
+    assert (summary.run_dir / "quality.jsonl").is_file()
+
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "train_between_rounds.py"
+
+
+def torch_pythonpath(tmp_path: Path) -> str | None:
+    """Where torch comes from for the example: this interpreter, else the trainers' venv's torch
+    (``trainerkit``) with the two packages its optimizers import (sympy, mpmath); None when
+    neither is here (the venv is built by the export consumers' tests, minutes)."""
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is not None:
+        return ""
+    if not (VENV / ".complete").is_file():
+        return None
+    site = next((VENV / "lib").glob("python*/site-packages"))
+    extra = tmp_path / "torch-deps"
+    extra.mkdir()
+    for name in ("sympy", "mpmath"):
+        (extra / name).symlink_to(site / name)
+    return os.pathsep.join([str(torch_overlay(VENV)), str(extra)])
+
+
+def test_the_example_trains_on_a_round_while_the_next_regenerates(
+    sim: SimServerThread, tmp_path: Path
+) -> None:
+    torch_path = torch_pythonpath(tmp_path)
+    if torch_path is None:
+        pytest.skip("no torch here: the trainers' venv is not built (tests/trainerkit.py)")
+    out = tmp_path / "rounds"
+    path = [p for p in (torch_path, *sys.path) if p]
+    result = subprocess.run(
+        [sys.executable, str(EXAMPLE), "--server", sim.url, "--tokenizer", TOKENIZER,
+         "--out", str(out), "--rounds", "2", "--prompts", "8", "--max-new-tokens", "32",
+         "--no-canary"],
+        capture_output=True, text=True, timeout=600, check=False,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(path)},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = orjson.loads(result.stdout.splitlines()[-1])
+    assert [r["round"] for r in report["rounds"]] == [0, 1]
+    assert all(r["rows"] > 0 and r["loss"] > 0 for r in report["rounds"])
+    assert report["rounds"][0]["next_round_generating"]
+    assert eagledata.rounds(out) == [0, 1]
+    assert [r.id for r in eagledata.records(out, round=1)] != []
