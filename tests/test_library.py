@@ -265,12 +265,28 @@ SMALL_CANARY = {
 }
 
 
-def test_the_canary_runs_as_in_the_cli(sim: SimServerThread, tmp_path: Path) -> None:
+def test_the_canary_runs_as_in_the_cli_and_later_rounds_keep_the_first_baseline(
+    sim: SimServerThread, tmp_path: Path
+) -> None:
+    """Round 1 is checked against round 0's baseline: one reference for every round (a server
+    changed between rounds is refused), no baseline recorded again."""
     out = tmp_path / "rounds"
-    summary = eagledata.regenerate(PROMPTS, **call_args(sim.url, out, **SMALL_CANARY))
-    assert summary.written == 12
-    assert "0 failed" in summary.canary and "passed" in summary.canary
-    assert (summary.run_dir / "quality.jsonl").is_file()
+    notes: list[str] = []
+
+    def on_progress(event: eagledata.ProgressEvent) -> None:
+        if event.kind == "note":
+            notes.append(event.message)
+
+    first = eagledata.regenerate(PROMPTS, **call_args(sim.url, out, **SMALL_CANARY))
+    assert first.written == 12
+    assert "0 failed" in first.canary and "passed" in first.canary
+    second = eagledata.regenerate(
+        PROMPTS, on_progress=on_progress, **call_args(sim.url, out, round=1, **SMALL_CANARY)
+    )
+    assert "0 failed" in second.canary and "passed" in second.canary
+    baseline = Path("canary") / "baseline.json"
+    assert (first.run_dir / baseline).read_bytes() == (second.run_dir / baseline).read_bytes()
+    assert not [note for note in notes if "recording the baseline" in note], notes
 
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "train_between_rounds.py"

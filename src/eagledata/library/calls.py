@@ -20,9 +20,10 @@ from eagledata.config import AppConfig, load_config
 from eagledata.config.data import GenerationSettings
 from eagledata.config.operation import CanarySettings, LoadSettings, RunSettings, ServerSettings
 from eagledata.errors import ConfigError, UsageError
-from eagledata.library.source import Source, resolve_source, round_dir
+from eagledata.library.source import Source, resolve_source, round_dir, round_dirs
 from eagledata.library.summary import RunSummary
 from eagledata.run import pipeline
+from eagledata.run.canary_setup import BASELINE_FILE
 from eagledata.run.embedded import ProgressEvent, embedded
 from eagledata.tasks import run_until_done
 
@@ -111,7 +112,27 @@ def _arguments(
     root = Path(out)
     resolved = resolve_source(source, root)
     config = build_config(round_index=round_index, source_overrides=resolved.overrides, **settings)
-    return config, resolved.dataset_arg, round_dir(root, round_index)
+    return (
+        with_first_baseline(config, root, round_index),
+        resolved.dataset_arg,
+        round_dir(root, round_index),
+    )
+
+
+def with_first_baseline(config: AppConfig, root: Path, round_index: int) -> AppConfig:
+    """A round after the first is checked against the canary baseline of the earliest round
+    that has one (unless a baseline is named): every round compares the servers with one
+    reference, so a server that changed between rounds is refused, and a round does not spend
+    its start recording a baseline of its own."""
+    canary = config.canary
+    if not canary.enabled or canary.baseline is not None:
+        return config
+    for earlier, path in round_dirs(root).items():
+        baseline = path / BASELINE_FILE
+        if earlier < round_index and baseline.is_file():
+            update = {"canary": canary.model_copy(update={"baseline": baseline})}
+            return config.model_copy(update=update)
+    return config
 
 
 async def aregenerate(
