@@ -118,6 +118,9 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--temperature", type=float, default=0.8)
     parser.add_argument("--no-canary", action="store_true", help="Run without the canary")
+    parser.add_argument(
+        "--small-canary", action="store_true", help="A canary sized for a toy run (4 prompts)"
+    )
     args = parser.parse_args()
 
     torch.manual_seed(0)
@@ -133,6 +136,16 @@ def main() -> None:
     }
     if args.no_canary:
         settings["canary"] = False
+    elif args.small_canary:  # the defaults suit a real run: 24 prompts x 512 scored tokens
+        settings.update(
+            {
+                "canary.prompts": 4,
+                "canary.reference_tokens": 32,
+                "canary.probes": 2,
+                "canary.probe_tokens": 16,
+                "canary.load_requests": 2,
+            }
+        )
 
     first = eagledata.regenerate(questions, round=0, **settings)
     head = BigramHead()
