@@ -125,10 +125,13 @@ def test_a_cancelled_round_resumes_exactly_once(tokenizer_dir: str, tmp_path: Pa
         asyncio.run(cancel_midway(server.url))
         kept = len(read_records(out / "round-0000"))
         assert 8 <= kept < 40
+        every: dict[str, Any] = {"keep": ("empty", "degenerate"), "cache_dir": tmp_path / "cache"}
+        assert len(eagledata.dataset(out, round=0, **every)) == kept
         summary = eagledata.regenerate(prompts, **call_args(server.url, out))
     ids = [r.id for r in eagledata.records(out, round=0)]
     assert len(ids) == 40 and len(set(ids)) == 40
     assert summary.session_records == 40 - kept and summary.left == 0
+    assert len(eagledata.dataset(out, round=0, **every)) == 40  # the grown round, not the cache
 
 
 def test_aregenerate_runs_on_the_callers_loop_without_its_signals(
@@ -183,7 +186,7 @@ def test_regenerate_from_a_thread_while_the_main_thread_reads(
 
     worker = threading.Thread(target=background)
     worker.start()
-    data = eagledata.dataset(out, round=0)  # round 0 read while round 1 generates
+    data = eagledata.dataset(out, round=0, cache_dir=tmp_path / "cache")  # beside round 1
     worker.join(timeout=120)
     assert "error" not in result, result.get("error")
     assert result["summary"].written == 12
@@ -192,6 +195,8 @@ def test_regenerate_from_a_thread_while_the_main_thread_reads(
     kept = {key for key, r in by_id.items() if Selection.build().skip_reason(r) is None}
     assert {row["id"] for row in data} == kept
     assert len(eagledata.dataset(out, round=0, keep=("empty", "degenerate"))) == 12
+    again = eagledata.dataset(out, round=0, cache_dir=tmp_path / "cache")
+    assert again.cache_files == data.cache_files  # an unchanged round: read from the cache
     for row in data:
         record = by_id[row["id"]]
         assert row["input_ids"] == record.input_ids + record.output_ids

@@ -69,14 +69,15 @@ def dataset(
     *,
     keep: tuple[str, ...] = (),
     max_length: int | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
 ) -> Any:
     """A ``datasets.Dataset`` of the rows ``eagledata export --format FORMAT`` writes (``ids``
     and ``hf``: ``input_ids``, ``loss_mask``, ``metadata``; ``hf`` adds ``seq_len``), the same
     records kept (``keep``: flags to keep, ``max_length``). Over several rounds each id starts
     with its round's folder name, as an export of several runs names them.
 
-    Built once per state of the rounds' files and cached by ``datasets``: calling it again on
-    an unchanged round reads the cache."""
+    Built once per state of the rounds' files and cached by ``datasets`` (in ``cache_dir``, else
+    its own cache folder): calling it again on an unchanged round reads the cache."""
     from datasets import Dataset, Features
     from datasets.utils.logging import disable_progress_bar
 
