@@ -32,9 +32,13 @@ ORDER = (
     "run",  # the write path: one session of generation
     "export",  # run directories -> trainer files
     "report",  # run directories -> the HTML report
+    "library",  # the Python API a trainer calls: rounds, records, datasets
     "cli",  # the thin typer shell
 )
 LAYER = {name: position for position, name in enumerate(ORDER)}
+FACE = ("eagledata.__init__", "eagledata.library")
+"""The one import that goes up: the package's face names the library's calls (``eagledata.
+regenerate``), loaded on first use (a module ``__getattr__``), so no lower layer loads them."""
 
 
 def concern(module: str) -> str:
@@ -84,11 +88,24 @@ def test_the_top_level_holds_only_the_settings_the_errors_and_two_primitives() -
     assert (PACKAGE / "cli" / "__init__.py").is_file()  # the shell: a package of its commands
 
 
+def test_the_face_loads_the_library_only_when_asked() -> None:
+    """``import eagledata`` (what every lower module's ``__version__`` import runs) loads none
+    of the library: its one upward import is inside ``__getattr__`` and under TYPE_CHECKING."""
+    tree = ast.parse((PACKAGE / "__init__.py").read_text())
+    top_level = [node for node in tree.body if isinstance(node, ast.Import | ast.ImportFrom)]
+    assert all(not (getattr(n, "module", "") or "").startswith("eagledata") for n in top_level)
+    import eagledata as face
+
+    assert face.regenerate is face.library.regenerate
+
+
 def test_imports_never_go_up_a_layer() -> None:
     upward = []
     for module, path in source_modules().items():
         mine = LAYER[concern(module)]
         for target in imported_modules(path):
+            if (module, target) == FACE:
+                continue
             theirs = LAYER.get(concern(target))
             outside_cli = concern(target) == "cli" and concern(module) != "cli"
             if theirs is None or theirs > mine or outside_cli:
@@ -105,7 +122,11 @@ def test_no_module_imports_itself_through_others() -> None:
         return target if target in modules else f"{target}.__init__"
 
     graph = {
-        module: {resolve(t) for t in imported_modules(path) if resolve(t) in modules}
+        module: {
+            resolve(t)
+            for t in imported_modules(path)
+            if resolve(t) in modules and (module, t) != FACE
+        }
         for module, path in modules.items()
     }
     circles: list[str] = []

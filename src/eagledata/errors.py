@@ -88,6 +88,19 @@ class LaunchError(EagledataError):
     exit_code = 6
 
 
+class UsageError(EagledataError):
+    """The library was called in a way that cannot work (``regenerate`` inside a running event
+    loop: ``await aregenerate`` there instead)."""
+
+    exit_code = 2
+
+
+class NothingWrittenError(EagledataError):
+    """A run's plan finished and every item failed: not one record was written."""
+
+    exit_code = 7
+
+
 class ExportError(EagledataError):
     """``eagledata export`` cannot run as asked: bad option, unusable output path, no tokenizer."""
 

@@ -60,6 +60,8 @@ class MixMember(Strict):
 LATER_SETTINGS = ("kv_heads",)
 """Frozen settings added after runs were first made: absent from a fingerprint when unset."""
 LATER_TOKENIZER_SETTINGS = ("chat_template",)
+LATER_GENERATION_DEFAULTS = {"round": 0}
+"""Generation settings added later: absent from a fingerprint while they hold their default."""
 
 
 class FrozenSettings(Strict):
@@ -121,5 +123,10 @@ class FrozenSettings(Strict):
             for key in LATER_TOKENIZER_SETTINGS:
                 if tokenizer.get(key) is None:
                     tokenizer.pop(key, None)
+        generation = dumped.get("generation")
+        if isinstance(generation, dict):
+            for key, default in LATER_GENERATION_DEFAULTS.items():
+                if generation.get(key) == default:
+                    generation.pop(key, None)
         blob = orjson.dumps(dumped, option=orjson.OPT_SORT_KEYS)
         return hashlib.sha256(blob).hexdigest()[:16]

@@ -47,6 +47,12 @@ class GenerationSettings(Strict):
         description="Generate a prompt (the same prompt ids) once: later copies are skipped "
         "with the reason 'duplicate'",
     )
+    round: int = Field(
+        0,
+        ge=0,
+        description="Which round of fresh samples of the same prompts this run is (the "
+        "library's regenerate(round=N)): it moves every request's sampling_seed",
+    )
 
     @field_validator("top_k")
     @classmethod
@@ -56,7 +62,9 @@ class GenerationSettings(Strict):
         return value
 
     def sampling_params(self) -> dict[str, Any]:
-        """The ``sampling_params`` sent with every request; ``max_new_tokens`` always explicit."""
+        """The ``sampling_params`` sent with every request; ``max_new_tokens`` always explicit.
+        From round 1 on they carry the round's first ``sampling_seed``: each sample adds its
+        index to it (``run/attempts.py``), so no two (round, sample) pairs share a seed."""
         params: dict[str, Any] = {
             "max_new_tokens": self.max_new_tokens,
             "temperature": self.temperature,
@@ -66,7 +74,14 @@ class GenerationSettings(Strict):
         }
         if self.stop_token_ids:
             params["stop_token_ids"] = list(self.stop_token_ids)
+        if self.round:
+            params["sampling_seed"] = self.round * SEEDS_PER_ROUND
         return params
+
+
+SEEDS_PER_ROUND = 1 << 16
+"""The seeds one round spans: more than ``samples_per_prompt`` can ever be (64), so round ``r``'s
+sample ``s`` is seeded ``r * SEEDS_PER_ROUND + s`` and round 0 keeps the seeds runs always had."""
 
 
 SchemaName = Literal["auto", "sharegpt", "messages", "prompt"]

@@ -14,7 +14,7 @@ import orjson
 
 from eagledata.config import TokenizerSettings
 from eagledata.errors import ExportError, RunDirError
-from eagledata.export.format import RowIdentity, RowMaker
+from eagledata.export.format import ExportFormat, RowIdentity, RowMaker
 from eagledata.export.formats import FORMATS
 from eagledata.export.maskcheck import carries_mask, mask_problem
 from eagledata.export.output import (
@@ -184,7 +184,22 @@ def _rows(
             )
 
 
-def export_runs(run_dirs: Sequence[Path], out: Path, options: ExportOptions) -> ExportReport:
+@dataclass
+class RowStream:
+    """An export's rows as they are made (each mask checked), and what it counts of them: the
+    report fills as the rows are read."""
+
+    format: ExportFormat
+    rows: Iterator[dict[str, Any]]
+    report: ExportReport
+    maker: RowMaker
+    tokenizer: Any
+    counts: Counter[int] | None
+
+
+def _open(
+    run_dirs: Sequence[Path], options: ExportOptions
+) -> tuple[ExportFormat, Selection, list[RunRecords]]:
     chosen = FORMATS.get(options.format)
     if chosen is None:
         raise ExportError(
@@ -193,15 +208,16 @@ def export_runs(run_dirs: Sequence[Path], out: Path, options: ExportOptions) -> 
     selection = Selection.build(options.keep, options.max_length)
     if options.draft_vocab_size is not None:
         check_torch_available()
-    runs = _open_runs(run_dirs)
-    check_target(
-        out,
-        is_dir=chosen.writes_folder,
-        force=options.force,
-        run_dirs=[r.path for r in runs],
-        inputs=_input_files(runs),
-    )
+    return chosen, selection, _open_runs(run_dirs)
 
+
+def _stream(
+    chosen: ExportFormat,
+    selection: Selection,
+    runs: list[RunRecords],
+    options: ExportOptions,
+    out: Path,
+) -> RowStream:
     tokenizer: Any = None
     template_kwargs: dict[str, Any] = {}
     if chosen.needs_tokenizer or options.draft_vocab_size is not None:
@@ -219,6 +235,33 @@ def export_runs(run_dirs: Sequence[Path], out: Path, options: ExportOptions) -> 
         Counter() if options.token_counts or options.draft_vocab_size is not None else None
     )
     rows = _rows(runs, selection, maker, chosen.name, report, counts)
+    return RowStream(chosen, rows, report, maker, tokenizer, counts)
+
+
+def export_rows(run_dirs: Sequence[Path], options: ExportOptions) -> RowStream:
+    """The rows ``export_runs`` would write, unwritten (the library's ``eagledata.dataset``):
+    the same selection, formats and mask check."""
+    chosen, selection, runs = _open(run_dirs, options)
+    return _stream(chosen, selection, runs, options, Path("-"))
+
+
+def export_runs(run_dirs: Sequence[Path], out: Path, options: ExportOptions) -> ExportReport:
+    chosen, selection, runs = _open(run_dirs, options)
+    check_target(
+        out,
+        is_dir=chosen.writes_folder,
+        force=options.force,
+        run_dirs=[r.path for r in runs],
+        inputs=_input_files(runs),
+    )
+    stream = _stream(chosen, selection, runs, options, out)
+    report, maker, tokenizer, counts, rows = (
+        stream.report,
+        stream.maker,
+        stream.tokenizer,
+        stream.counts,
+        stream.rows,
+    )
     with atomic_target(out, is_dir=chosen.writes_folder) as tmp:
         chosen.write(rows, tmp)
     report.files["data"] = str(out)

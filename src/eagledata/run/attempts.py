@@ -124,8 +124,10 @@ class ItemSender:
         client = self.client
         # sampling_seed makes each sample reproducible on servers started with
         # --enable-deterministic-inference; other servers ignore it. A dataset of a mix may
-        # sample with settings of its own (``item.params``).
-        params = {**(item.params or self.sampling_params), "sampling_seed": item.sample}
+        # sample with settings of its own (``item.params``). A round after the first carries
+        # its first seed (``GenerationSettings.sampling_params``): fresh samples, same prompts.
+        own = item.params or self.sampling_params
+        params = {**own, "sampling_seed": int(own.get("sampling_seed", 0)) + item.sample}
         attempts = 0
         first_failure: float | None = None
         while not self.stopped.is_set():

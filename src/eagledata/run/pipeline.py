@@ -1,4 +1,5 @@
 """The library's entry points: ``generate`` and ``resume``; the CLI only parses flags.
+``agenerate`` is ``generate`` on the caller's event loop (``library/``: ``aregenerate``).
 
 Each resolves its settings and datasets (one, or a mix: ``source/mix.py``), locks the run
 directory, checks what is frozen in it, and runs one session (``run/session.py``: the steps wired
@@ -7,8 +8,11 @@ together) in ``_execute``.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import shutil
-from dataclasses import replace
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -37,16 +41,32 @@ def _check_sources(mix: Mix, where: str | None) -> None:
         check_local_source(ResolvedDataset(member.name, member.dataset), where)
 
 
-def _execute(
+@dataclass
+class _Session:
+    run: Run
+    removed: bool = False
+    """A new run stopped while starting: its folders were removed, nothing to resume."""
+
+    def summary(self, summary: Summary) -> Summary:
+        # stopped while starting a new run: nothing is left to resume, the command is run again
+        return replace(summary, resumable=False) if self.removed else summary
+
+
+@contextlib.contextmanager
+def _session(
     config: AppConfig,
     mix: Mix,
     out_dir: Path,
     progress: bool,
     retry_failed: bool = False,
-) -> Summary:
+) -> Iterator[_Session]:
+    """The run directory locked and checked, the simulated server up if the config asks for
+    it: one session to run, synchronously (``_execute``) or on the caller's loop
+    (``agenerate``)."""
     created = _first_missing(out_dir)
     run_dir = RunDir(out_dir)
     run_dir.lock()
+    session: _Session | None = None
     try:
         existed = run_dir.exists()
         if existed:  # its rows are named as when it started (``ROW_ID_SCHEME``)
@@ -64,14 +84,27 @@ def _execute(
             )
         with simulated_server(config) as live_config:
             run.config = live_config
-            summary = run_until_done(run.execute())
+            session = _Session(run)
+            yield session
     except EagledataError as error:
         raise error.naming_run_dir(out_dir) from None
     finally:
         run_dir.unlock()
         removed = created is not None and _remove_unstarted(created, run_dir)
-    # stopped while starting a new run: nothing is left to resume, the command is run again
-    return replace(summary, resumable=False) if removed else summary
+        if session is not None:
+            session.removed = removed
+
+
+def _execute(
+    config: AppConfig,
+    mix: Mix,
+    out_dir: Path,
+    progress: bool,
+    retry_failed: bool = False,
+) -> Summary:
+    with _session(config, mix, out_dir, progress, retry_failed) as session:
+        summary = run_until_done(session.run.execute())
+    return session.summary(summary)
 
 
 def _first_missing(path: Path) -> Path | None:
@@ -132,13 +165,38 @@ def generate(
     progress: bool = True,
 ) -> Summary:
     """Generate ``dataset_arg`` (one ``--dataset`` value, or several: one run of them all)."""
+    mix = _resolved_mix(config, dataset_arg)
+    out = out_dir or config.run.out_dir or default_out_dir(mix)
+    return _execute(config, mix, out, progress)
+
+
+async def agenerate(
+    config: AppConfig,
+    dataset_arg: str | list[str],
+    out_dir: Path | None,
+    *,
+    progress: bool = False,
+) -> Summary:
+    """``generate`` on the caller's running event loop (the library's ``aregenerate``); the
+    settings, the checks and the session are the same. Cancelling it stops the session (the
+    files closed, what was committed kept) and the cancellation goes on to the caller."""
+    mix = _resolved_mix(config, dataset_arg)
+    out = out_dir or config.run.out_dir or default_out_dir(mix)
+    with _session(config, mix, out, progress) as session:
+        summary = await session.run.execute()
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():  # the session ended early for a cancel
+            raise asyncio.CancelledError
+    return session.summary(summary)
+
+
+def _resolved_mix(config: AppConfig, dataset_arg: str | list[str]) -> Mix:
     arguments = [dataset_arg] if isinstance(dataset_arg, str) else list(dataset_arg)
     mix = resolve_mix(arguments, config)
     _check_sources(mix, config.source)
     for member in mix.members:  # the cause first: rows of an unknown shape stop it here
         check_first_rows(ResolvedDataset(member.name, member.dataset), config.source)
-    out = out_dir or config.run.out_dir or default_out_dir(mix)
-    return _execute(config, mix, out, progress)
+    return mix
 
 
 def resume(

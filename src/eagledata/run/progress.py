@@ -7,10 +7,11 @@ import sys
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TextIO
+from typing import Literal, TextIO
 
 from tqdm import tqdm
 
+from eagledata.run.embedded import EventThrottle, ProgressEvent, current
 from eagledata.rundir.totals import count_mismatch
 
 
@@ -62,7 +63,8 @@ class Progress:
 
     In a terminal: tqdm's live bar, its suffix cut to the terminal's width. Anywhere else (a
     log file, CI): no bar (its carriage returns join every update into one line), but one plain
-    line every ``log_every_s``, ending in a newline.
+    line every ``log_every_s``, ending in a newline. Inside another program (run/embedded.py):
+    nothing is written; the counts and the notes go to its callback, if it gave one.
     """
 
     def __init__(
@@ -76,6 +78,10 @@ class Progress:
     ) -> None:
         self.rate = RateWindow()
         self._out = stream or sys.stderr
+        embedding = current()
+        self._events = None if embedding is None else EventThrottle(embedding)
+        if self._events is not None:
+            enabled = False  # no bar, no log lines: the host's terminal is its own
         self.interactive = hasattr(self._out, "isatty") and self._out.isatty()
         self.enabled = enabled
         self.total = total
@@ -116,6 +122,8 @@ class Progress:
             fields.update(in_flight=in_flight, held=held)
             self._fields = fields
             self._show(fields)
+        if self._events is not None:
+            self._events.progress(self._event("progress", in_flight=in_flight, held=held))
         if self.enabled and not self.interactive and now - self._last_log >= self.log_every_s:
             self._last_log = now
             self._log_line()
@@ -134,7 +142,17 @@ class Progress:
         self._out.write(f"progress: {done} records{share} after {elapsed:,.0f} s; {suffix}\n")
         self._out.flush()
 
+    def _event(
+        self, kind: Literal["progress", "note", "end"], message: str = "", **counts: int
+    ) -> ProgressEvent:
+        return ProgressEvent(
+            kind, self.done, self.total, self.rate.rate(), message=message, **counts
+        )
+
     def note(self, message: str) -> None:
+        if self._events is not None:
+            self._events.always(self._event("note", message))
+            return
         if self._bar.disable:
             self._out.write(message + "\n")
             self._out.flush()
@@ -142,6 +160,8 @@ class Progress:
             self._bar.write(message, file=self._out)
 
     def close(self) -> None:
+        if self._events is not None:
+            self._events.always(self._event("end"))
         # The last postfix may be half a second old: show the final state, not a stale one.
         self._show({"tok/s": f"{self.rate.rate():,.0f}", "in_flight": 0, "held": 0})
         self._bar.close()

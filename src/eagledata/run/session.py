@@ -20,6 +20,7 @@ from typing import Any
 
 from eagledata.quality.canary_prompts import canary_prompts
 from eagledata.run.canary_setup import start_canary
+from eagledata.run.embedded import ProgressEvent, current
 from eagledata.run.progress import Summary
 from eagledata.run.session_base import STARTUP_STOPPED
 from eagledata.run.session_startup import SessionStartup
@@ -148,11 +149,17 @@ class Run(SessionStartup):
         names = ", ".join(task.get_name() for task in tasks)
         dump = write_task_dump(self.run_dir.path, "stuck")
         where = f"; every task's stack is in {dump}" if dump is not None else ""
-        print(
+        message = (
             f"warning: {names} did not end within {TASK_SHUTDOWN_S:g} s of the run's end "
-            f"and {'was' if len(tasks) == 1 else 'were'} abandoned{where}",
-            file=sys.stderr,
+            f"and {'was' if len(tasks) == 1 else 'were'} abandoned{where}"
         )
+        embedding = current()
+        if embedding is None:
+            print(message, file=sys.stderr)
+        elif embedding.on_progress is not None:  # inside another program: to its callback
+            embedding.on_progress(
+                ProgressEvent("note", self.counts.records, None, 0.0, message=message)
+            )
 
     def _on_startup_stop(self) -> None:
         self.interrupted = STARTUP_STOPPED

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from eagledata.errors import EagledataError
+from eagledata.run.embedded import current
 from eagledata.run.progress import Progress
 from eagledata.run.scheduler import Scheduler
 from eagledata.tasks import stacks_on_usr1, task_stacks
@@ -54,7 +55,8 @@ def stop_on_signals(
     """SIGINT/SIGTERM once: ``on_stop``, then let in-flight requests finish and take no new work.
 
     Twice: cancel the task that entered this block (in-flight requests are abandoned). SIGUSR1
-    prints every task's stack.
+    prints every task's stack. Inside another program (run/embedded.py) nothing is installed:
+    the host stops the session by cancelling it.
     """
     loop = asyncio.get_running_loop()
     main_task = asyncio.current_task()
@@ -73,7 +75,10 @@ def stop_on_signals(
         elif main_task is not None:
             main_task.cancel()
 
-    installed = []
+    installed: list[signal.Signals] = []
+    if current() is not None:  # inside another program: its signals are its own
+        yield
+        return
     for signum in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
             loop.add_signal_handler(signum, on_interrupt)
@@ -121,7 +126,10 @@ def cancel_on_signals(on_signal: Callable[[], None]) -> Iterator[None]:
         if main_task is not None:
             main_task.cancel()
 
-    installed = []
+    installed: list[signal.Signals] = []
+    if current() is not None:  # inside another program: its signals are its own
+        yield
+        return
     for signum in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
             loop.add_signal_handler(signum, on_interrupt)
