@@ -68,6 +68,12 @@ class RunSettings(Strict):
     )
     limit: int | None = Field(None, ge=1)
     fsync_interval_s: float = Field(1.0, ge=0)
+    progress_log_s: float = Field(
+        30.0,
+        gt=0,
+        description="Off a terminal (a log, CI): a progress line at least this often, whether or "
+        "not an item finished",
+    )
     watchdog_s: float | None = Field(
         None,
         gt=0,
