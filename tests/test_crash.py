@@ -334,8 +334,8 @@ def test_a_second_process_on_the_same_run_dir_is_refused(
             second = finish(resume_cmd(out))
             assert second.returncode == 5
             assert second.stderr == (
-                f"eagledata: error: another eagledata process is working on {out}; wait for it "
-                "or stop it\n"
+                f"eagledata: error: eagledata (PID {first.pid}) is working on {out}; wait for it "
+                f"or stop it (kill {first.pid})\n"
             )
             assert first.poll() is None  # the first one is untouched
             assert (out / ".lock").read_text().strip() == str(first.pid)

@@ -46,7 +46,25 @@ def test_a_file_of_unknown_columns_stops_before_anything_with_its_cause(
         in (lines[0])
     )
     assert "(fields: question)" in lines[0] and 'prompt_field = "question"' in lines[0]
+    assert lines[0].endswith(f"(in {rows}, row 1; the setting goes in {config})")
     assert not (tmp_path / "run").exists()
+
+
+def test_a_message_without_a_role_names_the_file_and_the_row_not_the_config(
+    tmp_path: Path,
+) -> None:
+    rows = tmp_path / "chats.jsonl"
+    rows.write_text('{"messages": [{"content": "hi"}]}\n')
+    config = write_config(tmp_path / "c.toml", "http://127.0.0.1:9")
+    result = runner.invoke(
+        app, ["generate", "-c", str(config), "-d", str(rows), "--out", str(tmp_path / "run")]
+    )
+    assert result.exit_code == 2
+    assert result.output == (
+        "eagledata: error: dataset chats: its first row fails: messages[0] has no 'role' "
+        "(one of assistant, system, user); give every message a role: user, assistant or "
+        f"system (or human, gpt) (in {rows}, row 1)\n"
+    )
 
 
 def test_a_run_in_which_every_item_failed_exits_non_zero(
@@ -136,3 +154,12 @@ def test_one_ctrl_c_while_starting_says_it_stopped_the_start_not_twice(
     assert process.returncode == 130, stderr
     assert "stopped early: interrupted while starting" in stdout
     assert "twice" not in stdout and "Traceback" not in stderr
+
+
+def test_a_server_address_without_a_scheme_is_told_to_add_it() -> None:
+    result = runner.invoke(app, ["check-server", "localhost:30000"])
+    assert result.exit_code == 2
+    assert result.output == (
+        "eagledata: error: localhost:30000 has no http:// or https://; add it: "
+        "http://localhost:30000\n"
+    )

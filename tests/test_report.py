@@ -14,8 +14,8 @@ import orjson
 import pytest
 
 from conftest import SAMPLES, eagledata_cmd, make_config, read_records, sim_config
-from eagledata.report import build_report, records_scan
 from eagledata.export.report import ExportReport
+from eagledata.report import build_report, records_scan
 from eagledata.report.mix import mix_rows
 from eagledata.report.page import headline_rows
 from eagledata.report.plots_canary import toward_threshold

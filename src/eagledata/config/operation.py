@@ -56,7 +56,8 @@ class ServerSettings(Strict):
     def _urls_are_http(cls, urls: list[str]) -> list[str]:
         for url in urls:
             if not url.startswith(("http://", "https://")):
-                raise ValueError(f"{url!r} is not an http(s) URL, e.g. http://127.0.0.1:30000")
+                example = f"http://{url}" if "://" not in url else "http://127.0.0.1:30000"
+                raise ValueError(f"{url!r} is not an http(s) URL, e.g. {example}")
         return [url.rstrip("/") for url in urls]
 
 
