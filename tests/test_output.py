@@ -9,6 +9,7 @@ import io
 
 from typer.testing import CliRunner
 
+import eagledata
 from eagledata.cli import app
 from eagledata.run.holding import HoldState
 from eagledata.run.progress import BAR_MIN_COLUMNS, Progress, fit_suffix
@@ -124,10 +125,28 @@ def test_the_heartbeat_task_redraws_until_cancelled() -> None:
 
 def test_help_is_readable_at_80_columns_with_whole_option_names() -> None:
     runner = CliRunner()
-    for command in ("generate", "resume", "export", "plan", "launch-server", "canary"):
+    commands = ("generate", "resume", "status", "canary", "verify", "report", "check-server")
+    commands += ("launch-server", "plan", "sim-server", "export")
+    for command in commands:
         result = runner.invoke(app, [command, "--help"], env={"COLUMNS": "80"}, terminal_width=80)
         assert result.exit_code == 0, result.output
         for line in result.output.splitlines():
             assert len(line) <= 80, line
+            # no word broken at a line's end (``rtx-`` / ``pro-6000x8``, ``no-`` / ``force``)
+            assert not line.endswith("-"), (command, line)
         assert "…" not in result.output and "<bool>" not in result.output
         assert "╭" not in result.output  # plain help: no boxes squeezing the option names
+        # the values a user types, not Python's types or typer's braces
+        assert "<" not in result.output and "{" not in result.output, result.output
+    export = runner.invoke(app, ["export", "--help"], terminal_width=80).output
+    assert " export [OPTIONS] RUN_DIRS...\n" in export
+    assert "  --keep TEXT  " in export and "  --max-length N  " in export
+    assert "  --force / --no-force            Replace an existing output\n" in export
+    plan = runner.invoke(app, ["plan", "--help"], terminal_width=80).output
+    assert "  --profile TEXT  " in plan and "(rtx-pro-6000x8, the reference" in plan
+
+
+def test_version() -> None:
+    result = CliRunner().invoke(app, ["--version"])
+    assert result.exit_code == 0
+    assert result.output == f"eagledata {eagledata.__version__}\n"
