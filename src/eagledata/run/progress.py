@@ -1,4 +1,6 @@
-"""The only tqdm user: a live bar while a run goes, and the plain summary at its end."""
+"""The only tqdm user: a live bar while a run goes (what is held and for which check, a time left
+that leaves the checks out, a log line at least every `[run] progress_log_s`), and the plain
+summary at its end."""
 
 from __future__ import annotations
 
