@@ -418,3 +418,19 @@ def test_status_the_report_and_export_say_one_p50_and_p90(sim_run: Path) -> None
     assert summary.length_stats()["p50"] == p50
     # the definition, by hand: the ceil(p * n)-th smallest
     assert [percentile(range(1, 11), p) for p in (0.0, 0.5, 0.9, 0.91, 1.0)] == [1, 5, 9, 10, 10]
+
+
+def test_status_mid_run_gives_the_dataset_the_runs_estimate(sim_run: Path, tmp_path: Path) -> None:
+    """Before the plan is read to its end the run's planned line is an estimate; its one
+    dataset's line said 'planned ?' beside it."""
+    run = copy_run(sim_run, tmp_path / "mid")
+    (run / "plan.json").unlink()
+    manifest = orjson.loads((run / "run.json").read_bytes())
+    manifest["planned_estimate"] = 200
+    (run / "run.json").write_bytes(orjson.dumps(manifest))
+    result = cli("status", str(run))
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert "planned:  200 (estimate)" in lines
+    (dataset,) = [line for line in lines if line.startswith("dataset:")]
+    assert dataset.startswith("dataset:  prompts: planned 200 (estimate), written ")
