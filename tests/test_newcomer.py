@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import orjson
+import pytest
 from typer.testing import CliRunner
 
 from conftest import SAMPLES, TOKENIZER, eagledata_cmd, sim_config
@@ -232,3 +233,22 @@ def test_offline_a_hub_tokenizer_the_cache_holds_is_read_from_it(tmp_path: Path)
         "copy a cache that holds it (HF_HOME), or pass a local file or directory"
     )
     assert "Retrying" not in done.stderr
+
+
+def test_the_draft_vocab_mapping_without_torch_names_the_extra(tmp_path: Path) -> None:
+    """The install does not bring torch; the mapping's one line says how to get it, before the
+    export reads anything."""
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is not None:
+        pytest.skip("torch is installed here: the mapping is written, not refused")
+    result = runner.invoke(
+        app, ["export", str(tmp_path / "run"), "--out", str(tmp_path / "x.jsonl"),
+              "--draft-vocab-size", "32000"],
+    )  # fmt: skip
+    assert result.exit_code == 2
+    assert result.output == (
+        "eagledata: error: --draft-vocab-size writes a torch file and needs torch: pip install "
+        "'eagledata[draft]' (or pip install torch); or pass --token-counts and build the "
+        "mapping where torch is installed\n"
+    )
