@@ -271,10 +271,14 @@ def test_http_400_goes_straight_to_the_failure_file(
 def test_a_stalled_request_times_out_and_is_aborted_by_its_rid(
     sim: SimServerThread, prompt_tokenizer: Any, tmp_path: Path
 ) -> None:
-    sim.control(stall_rate=0.3, stall_s=5.0)
+    # The timeout parts the two kinds of request whatever the machine's load: an answer takes
+    # milliseconds of the simulator's CPU (a loaded 2-core machine made some of them pass 0.3 s,
+    # and those were aborted too: 20 aborts for 12 stalls), a stall lasts a minute (the
+    # server drops it when the client gives up, so the test does not wait for it).
+    sim.control(stall_rate=0.3, stall_s=60.0)
     out = tmp_path / "run"
     config = fault_config(
-        [sim.url], out, server={"request_timeout_s": 0.3, "max_attempts": 2}, run={"limit": 10}
+        [sim.url], out, server={"request_timeout_s": 5.0, "max_attempts": 2}, run={"limit": 10}
     )
     run(config)
 
