@@ -419,8 +419,11 @@ def test_past_the_down_deadline_the_run_stops_resumably(
 def test_work_goes_to_the_least_loaded_server(
     tokenizer_dir: str, prompt_tokenizer: Any, tmp_path: Path
 ) -> None:
+    # The slow server's answers take a second: on a loaded machine the fast one's take a tenth
+    # or two of CPU time (both servers share this process), which a 0.15 s gap did not outweigh
+    # (16 against 44 at load 20).
     with (
-        SimServerThread(sim_config(tokenizer_dir, latency_s=0.15)) as slow,
+        SimServerThread(sim_config(tokenizer_dir, latency_s=1.0)) as slow,
         SimServerThread(sim_config(tokenizer_dir, latency_s=0.005)) as fast,
     ):
         out = tmp_path / "run"
