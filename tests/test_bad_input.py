@@ -221,7 +221,7 @@ BAD_VALUES = [
     ),
     (
         '[server]\nurls = ["localhost:30000"]',
-        "server.urls: 'localhost:30000' is not an http(s) URL, e.g. http://127.0.0.1:30000",
+        "server.urls: 'localhost:30000' is not an http(s) URL, e.g. http://localhost:30000",
     ),
     (
         "[server]\nmax_attempts = 0",

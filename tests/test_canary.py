@@ -5,6 +5,7 @@ first request, a cold canary is blind, and bad input gets one line naming the fi
 from __future__ import annotations
 
 import asyncio
+import math
 import subprocess
 import threading
 import time
@@ -698,3 +699,30 @@ def test_a_server_restarted_degraded_is_caught_by_the_reconnect_check(
     last = ledger(out)[-1]
     assert last["verdict"] == "drift" and last["trigger"] in ("reconnect", "rerun")
     assert "reconnect" in {entry["trigger"] for entry in ledger(out)}
+
+
+def test_topk_kl_is_a_divergence_when_the_server_moves_mass_into_the_top_k() -> None:
+    """The reference's top-2 holds 0.7 of its mass; the current server gives those two ids 0.9.
+    Summed over the top-k alone, p_ref (lp_ref - lp_now) is -0.176, a negative "KL" (what the
+    report showed); with the rest as one bucket it is the KL of two whole distributions."""
+
+    def scoring(ids: list[int], probs: list[float]) -> Scoring:
+        return Scoring(
+            np.log(np.array([probs[0]])),
+            np.array([ids]),
+            np.log(np.array([probs])),
+        )
+
+    reference = scoring([1, 2], [0.4, 0.3])
+    moved = scoring([1, 2], [0.5, 0.4])
+    expected = 0.4 * math.log(0.4 / 0.5) + 0.3 * math.log(0.3 / 0.4) + 0.3 * math.log(0.3 / 0.1)
+    assert compare(moved, reference)["topk_kl"] == pytest.approx(expected)
+    assert expected > 0.15
+    assert compare(reference, reference)["topk_kl"] == 0.0
+    # an id gone from the current top-k: it gets at most what the top-k leaves (0.05 here)
+    swapped = scoring([1, 3], [0.55, 0.4])
+    kl = compare(swapped, reference)["topk_kl"]
+    assert kl == pytest.approx(
+        0.4 * math.log(0.4 / 0.55) + 0.3 * math.log(0.3 / 0.05) + 0.3 * math.log(0.3 / 0.4)
+    )
+    assert kl > 0

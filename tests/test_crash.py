@@ -325,7 +325,8 @@ def test_changed_settings_are_refused_naming_the_keys(
 def test_a_second_process_on_the_same_run_dir_is_refused(
     tokenizer_dir: str, tmp_path: Path
 ) -> None:
-    with SimServerThread(sim_config(tokenizer_dir, latency_s=0.2)) as slow:
+    # 3 s answers: the first run outlasts the second's start-up on a loaded machine
+    with SimServerThread(sim_config(tokenizer_dir, latency_s=3.0)) as slow:
         out = tmp_path / "run"
         config = write_config(tmp_path / "eagledata.toml", slow.url, concurrency=2)
         first = spawn(generate_cmd(config, out))
@@ -334,8 +335,8 @@ def test_a_second_process_on_the_same_run_dir_is_refused(
             second = finish(resume_cmd(out))
             assert second.returncode == 5
             assert second.stderr == (
-                f"eagledata: error: another eagledata process is working on {out}; wait for it "
-                "or stop it\n"
+                f"eagledata: error: eagledata (PID {first.pid}) is working on {out}; wait for it "
+                f"or stop it (kill {first.pid})\n"
             )
             assert first.poll() is None  # the first one is untouched
             assert (out / ".lock").read_text().strip() == str(first.pid)

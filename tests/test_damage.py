@@ -220,7 +220,9 @@ def test_deleting_the_lock_file_during_a_run_does_not_let_resume_in(
     tokenizer_dir: str, tmp_path: Path
 ) -> None:
     """Today deleting .lock during a run let a second process in (7 duplicates)."""
-    with SimServerThread(sim_config(tokenizer_dir, latency_s=0.2)) as slow:
+    # 3 s answers, two at a time: the first run lasts a minute, longer than the second
+    # process takes to start on a loaded machine (at 0.2 s the first one finished first)
+    with SimServerThread(sim_config(tokenizer_dir, latency_s=3.0)) as slow:
         out = tmp_path / "run"
         config = tmp_path / "eagledata.toml"
         config.write_text(

@@ -271,10 +271,14 @@ def test_http_400_goes_straight_to_the_failure_file(
 def test_a_stalled_request_times_out_and_is_aborted_by_its_rid(
     sim: SimServerThread, prompt_tokenizer: Any, tmp_path: Path
 ) -> None:
-    sim.control(stall_rate=0.3, stall_s=5.0)
+    # The timeout parts the two kinds of request whatever the machine's load: an answer takes
+    # milliseconds of the simulator's CPU (a loaded 2-core machine made some of them pass 0.3 s,
+    # and those were aborted too: 20 aborts for 12 stalls), a stall lasts a minute (the
+    # server drops it when the client gives up, so the test does not wait for it).
+    sim.control(stall_rate=0.3, stall_s=60.0)
     out = tmp_path / "run"
     config = fault_config(
-        [sim.url], out, server={"request_timeout_s": 0.3, "max_attempts": 2}, run={"limit": 10}
+        [sim.url], out, server={"request_timeout_s": 5.0, "max_attempts": 2}, run={"limit": 10}
     )
     run(config)
 
@@ -415,8 +419,11 @@ def test_past_the_down_deadline_the_run_stops_resumably(
 def test_work_goes_to_the_least_loaded_server(
     tokenizer_dir: str, prompt_tokenizer: Any, tmp_path: Path
 ) -> None:
+    # The slow server's answers take a second: on a loaded machine the fast one's take a tenth
+    # or two of CPU time (both servers share this process), which a 0.15 s gap did not outweigh
+    # (16 against 44 at load 20).
     with (
-        SimServerThread(sim_config(tokenizer_dir, latency_s=0.15)) as slow,
+        SimServerThread(sim_config(tokenizer_dir, latency_s=1.0)) as slow,
         SimServerThread(sim_config(tokenizer_dir, latency_s=0.005)) as fast,
     ):
         out = tmp_path / "run"

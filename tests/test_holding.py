@@ -100,6 +100,45 @@ def test_without_a_time_bound_nothing_is_due() -> None:
     assert asyncio.run(main()) == []
 
 
+class PeriodicCheck(NeverDueCheck):
+    """A check on its own period: next due 40 s after its last pass."""
+
+    name = "canary"
+
+    def __init__(self, next_at: float) -> None:
+        super().__init__()
+        self.next_at = next_at
+
+    def next_due_at(self, url: str) -> float | None:
+        return self.next_at
+
+
+def test_the_hold_state_names_the_check_results_wait_for_and_when_it_runs() -> None:
+    """What the progress line shows during a hold: the count, the check that has not vouched
+    for the oldest result, and the seconds until that check's next run (its own period, or the
+    hold-time bound if sooner)."""
+
+    async def main() -> list[str]:
+        now = time.monotonic()
+        check = PeriodicCheck(now + 40.0)
+        holder: HoldAndRelease[str] = HoldAndRelease(
+            cast(Any, Client()), [check], interval_s=5.0, max_held=100, release=print
+        )
+        said = [holder.state().text()]
+        for n in range(12):
+            holder.hold(f"answer {n}", URL, now)
+        state = holder.state()
+        said.append(f"{state.held} {state.waiting_for} {round(state.next_in_s or 0, -1):.0f}")
+        holder.max_hold_s = 10.0  # the oldest result forces the check within 10 s
+        state = holder.state()
+        said.append(f"{state.waiting_for} {round(state.next_in_s or 0, -1):.0f}")
+        await holder.run_check(check, URL, "period")  # vouches for all twelve
+        said.append(holder.state().waiting_for)
+        return said
+
+    assert asyncio.run(main()) == ["", "12 canary check 40", "canary check 10", "releasing"]
+
+
 def test_a_crash_mid_run_keeps_what_waited_past_the_bound(
     tokenizer_dir: str, tmp_path: Path
 ) -> None:

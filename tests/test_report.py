@@ -14,7 +14,9 @@ import orjson
 import pytest
 
 from conftest import SAMPLES, eagledata_cmd, make_config, read_records, sim_config
+from eagledata.export.report import ExportReport
 from eagledata.report import build_report, records_scan
+from eagledata.report.mix import mix_rows
 from eagledata.report.page import headline_rows
 from eagledata.report.plots_canary import toward_threshold
 from eagledata.report.plots_time import (
@@ -32,6 +34,7 @@ from eagledata.report.rundata import (
     gather,
 )
 from eagledata.run import pipeline
+from eagledata.rundir.percentile import percentile
 from eagledata.rundir.status import run_status
 from eagledata.rundir.totals import scan_totals
 from eagledata.simserver import SimServerThread
@@ -392,3 +395,42 @@ def test_which_way_each_canary_statistic_fires_is_the_canarys_own() -> None:
             past = toward_threshold(name, stats[name], limits[name])
             assert past is not None
             assert (past > 1) == bool(fired(stats, limits)), (name, factor)
+
+
+def test_status_the_report_and_export_say_one_p50_and_p90(sim_run: Path) -> None:
+    """One percentile (nearest rank, rundir/percentile.py) for the same answers: status's quality
+    line, the report's answer-length chart and its per-dataset table; export's summary computes
+    its lengths' percentiles with the same function."""
+    lengths = scan_records(sim_run).completion_tokens
+    p50, p90 = percentile(lengths, 0.5), percentile(lengths, 0.9)
+    ordered = sorted(lengths)
+    assert p50 == ordered[(len(ordered) + 1) // 2 - 1]  # the lower middle of an even count
+    result = cli("status", str(sim_run))
+    assert result.returncode == 0, result.stderr
+    assert f"output tokens p50 {p50:,}, p90 {p90:,}, max {ordered[-1]:,}" in result.stdout
+    page = page_of(sim_run)
+    assert f"; p50 {p50:,}, p90 {p90:,}, longest" in page.sections["answer_lengths"].caption
+    status = orjson.loads(cli("status", str(sim_run), "--json").stdout)
+    (row,) = mix_rows(status, scan_records(sim_run))
+    assert row.cells[6] == f"{p50:,} / {p90:,}"
+    summary = ExportReport("ids", "out.jsonl", "out.export.json", [], None)
+    summary.lengths.extend(lengths)
+    assert summary.length_stats()["p50"] == p50
+    # the definition, by hand: the ceil(p * n)-th smallest
+    assert [percentile(range(1, 11), p) for p in (0.0, 0.5, 0.9, 0.91, 1.0)] == [1, 5, 9, 10, 10]
+
+
+def test_status_mid_run_gives_the_dataset_the_runs_estimate(sim_run: Path, tmp_path: Path) -> None:
+    """Before the plan is read to its end the run's planned line is an estimate; its one
+    dataset's line said 'planned ?' beside it."""
+    run = copy_run(sim_run, tmp_path / "mid")
+    (run / "plan.json").unlink()
+    manifest = orjson.loads((run / "run.json").read_bytes())
+    manifest["planned_estimate"] = 200
+    (run / "run.json").write_bytes(orjson.dumps(manifest))
+    result = cli("status", str(run))
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert "planned:  200 (estimate)" in lines
+    (dataset,) = [line for line in lines if line.startswith("dataset:")]
+    assert dataset.startswith("dataset:  prompts: planned 200 (estimate), written ")

@@ -354,3 +354,62 @@ def test_a_live_servers_row_names_the_rig_and_its_nodes(tokenizer_dir: str) -> N
         True,
         150_000,
     )
+
+
+def test_the_label_a_plan_shows_is_a_profile_name_plan_accepts() -> None:
+    """The reference table heads kimi-k25-tp8's column 'tp8' under 'profiles kimi-k25-*'."""
+    out = runner.invoke(app, ["plan"]).output
+    assert "profiles kimi-k25-*" in out and " tp8 " in out
+    rows = plan_json("--profile", "tp8")["profiles"]
+    assert [row["profile"] for row in rows] == ["kimi-k25-tp8"]
+    # on h200x8 the table's labels are its own profiles' (h200-tp8 for kimi-k25-h200-tp8)
+    rows = plan_json("--rig", "h200x8", "--profile", "h200-tp8")["profiles"]
+    assert [row["profile"] for row in rows] == ["kimi-k25-h200-tp8"]
+
+
+def test_a_profile_named_for_another_rig_points_at_those_written_for_this_one() -> None:
+    out = runner.invoke(app, ["plan", "--rig", "h200x8", "--profile", "kimi-k25-tp8"]).output
+    assert "no profile is written for h200x8" not in out
+    assert (
+        "the profiles named are written for other rigs, carried over as they are; written for "
+        "h200x8: kimi-k25-h200-dcp8, kimi-k25-h200-dpa8, kimi-k25-h200-tp8, "
+        "kimi-k25-h200-tp8-eagle3"
+    ) in " ".join(line.strip() for line in out.splitlines())
+
+
+def test_on_h100x8_each_profile_gets_its_own_way_out_and_h100x16_is_named() -> None:
+    rows = {row["profile"]: row for row in plan_json("--rig", "h100x8")["profiles"]}
+    tp8, dpa4 = rows["kimi-k25-tp8"]["notes"][0], rows["kimi-k25-dpa4"]["notes"][0]
+    # TP8 has room once the fraction passes 0.93; no DP attention to drop
+    assert tp8.endswith(
+        "raise --mem-fraction-static above 0.93 (at 0.95: 1.87 GiB per rank, little room for "
+        "activations), or spread the weights over more GPUs"
+    )
+    # DPA4 has 0.19 GiB left after the weights: no fraction helps, dropping DP attention may
+    assert dpa4.endswith(
+        "drop DP attention (it replicates 5.60 GiB more per GPU), or spread the weights over "
+        "more GPUs"
+    )
+    out = " ".join(
+        line.strip() for line in runner.invoke(app, ["plan", "--rig", "h100x8"]).output.splitlines()
+    )
+    assert (
+        "more H100 SXM 80GB HBM3 GPUs: plan --rig h100x16 (16 GPUs; written for it: "
+        "kimi-k25-h100x16, kimi-k25-h100x16-dcp8, kimi-k25-h100x16-eagle3)"
+    ) in out
+
+
+def test_an_eagle3_profile_names_the_drafter_it_launches() -> None:
+    """A note naming a drafter names the one --speculative-draft-model-path launches (and the
+    planner's [draft] is that one too)."""
+    import tomllib
+
+    for path in sorted(PROFILES_DIR.glob("*.toml")):
+        data = tomllib.loads(path.read_text())
+        launched = data.get("sglang_args", {}).get("speculative-draft-model-path")
+        if launched is None:
+            continue
+        assert data["draft"]["name"] == launched, path.name
+        for note in data.get("notes", []):
+            if "drafter" in note:
+                assert launched in note.split(";")[0], (path.name, note)

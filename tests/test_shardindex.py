@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import time
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
@@ -208,6 +210,23 @@ def test_a_bad_index_is_detected_and_rebuilt_never_trusted(
     # rebuilt and written back: the next reader trusts it
     assert load_index(shard) == build_index(shard)
     assert scan_totals(run).indexes_rebuilt == {}
+
+
+def test_a_copy_with_new_mtimes_keeps_its_indexes(finished: Path, tmp_path: Path) -> None:
+    """``cp -r`` (no -p) gives every shard a new mtime: the same bytes are the same shard, so
+    no index is stale; the lock holder records the new mtimes, and a changed byte is still
+    caught (stale-rewritten above keeps the size too)."""
+    run = tmp_path / "copied"
+    subprocess.run(["cp", "-r", str(finished), str(run)], check=True, timeout=120)
+    shards = sealed_shards(run)
+    later = time.time_ns() + 5_000_000_000
+    for shard in shards:  # as a copy made a few seconds later would have them
+        os.utime(shard, ns=(later, later))
+    assert [load_index(shard) for shard in shards] == [build_index(shard) for shard in shards]
+    assert scan_totals(run).indexes_rebuilt == {}
+    assert scan_totals(run, persist_indexes=True).indexes_rebuilt == {}
+    recorded = [orjson.loads(index_path(shard).read_bytes())["mtime_ns"] for shard in shards]
+    assert recorded == [later] * len(shards)
 
 
 @pytest.mark.parametrize("name", ["deleted", "truncated", "stale-rewritten", "forged-edit"])

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import bisect
 import itertools
-import math
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+
+from eagledata.rundir.percentile import percentile
 
 RECENT = 128
 """The latest answers that stand alone for a bucket when they are longer than its window's."""
@@ -217,5 +218,6 @@ class LengthModel:
 
 
 def _percentile(values: Iterable[int], quantile: float) -> int:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, math.ceil(quantile * len(ordered)) - 1)]
+    found = percentile(values, quantile)  # nearest rank, as status and the report say it
+    assert found is not None, "called with answers only"
+    return found

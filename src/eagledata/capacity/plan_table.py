@@ -9,7 +9,7 @@ from eagledata.capacity.plan_row import PlanRow, best_key, written_for
 from eagledata.capacity.speculative import format_speedups
 from eagledata.capacity.workload import Workload
 from eagledata.profiles.profile import Profile
-from eagledata.profiles.rigs import Rig
+from eagledata.profiles.rigs import Rig, rigs
 
 
 def _tokens(n: int) -> str:
@@ -111,6 +111,7 @@ def render_plan_table(
     width: int = 100,
     rig: Rig | None = None,
     elsewhere: Sequence[Profile] = (),
+    written_here: Sequence[str] = (),
 ) -> str:
     """Profiles side by side (one column each, wrapped to ``width``), then status and notes
     per profile, then which bf16 profile is fastest and how it compares with a rejected row.
@@ -157,13 +158,14 @@ def render_plan_table(
         for assumption in shared:
             lines += _wrap(f"assumes: {assumption}", width, "  - ", "    ")
         if all(row.carried_over for row in ordered if not row.plan_only):
-            lines += _wrap(
+            said = (
                 f"no profile is written for {rig.name}: those of the rigs they were written for, "
-                "carried over as they are",
-                width,
-                "",
-                "  ",
+                "carried over as they are"
+                if not written_here
+                else f"the profiles named are written for other rigs, carried over as they are; "
+                f"written for {rig.name}: {', '.join(written_here)}"
             )
+            lines += _wrap(said, width, "", "  ")
     if prefix:
         lines.append(f"profiles {prefix}*")
     start = 0
@@ -217,6 +219,15 @@ def render_plan_table(
             why = row.notes[0] if row.notes else "no KV pool"
             dtype = "" if row.is_bf16 else f" ({row.kv_cache_dtype}, plan only)"
             lines += _wrap(f"{header}{dtype}: {why}", width, "  - ", "    ")
+        if rig is not None:
+            for bigger, names in _bigger_rigs(rig, elsewhere):
+                lines += _wrap(
+                    f"more {rig.gpu} GPUs: plan --rig {bigger.name} ({bigger.gpus} GPUs; "
+                    f"written for it: {', '.join(names)})",
+                    width,
+                    "  ",
+                    "    ",
+                )
     if elsewhere:
         lines.append("")
         named = ", ".join(f"{p.name} ({', '.join(written_for(p))})" for p in elsewhere)
@@ -229,6 +240,19 @@ def render_plan_table(
         indent = line[: len(line) - len(line.lstrip())]
         lines += _wrap(line.strip(), width, indent, indent + "  ")
     return "\n".join(lines)
+
+
+def _bigger_rigs(rig: Rig, elsewhere: Sequence[Profile]) -> list[tuple[Rig, list[str]]]:
+    """Rigs of the same GPU with more of them, and the launchable profiles written for each:
+    where the weights leave room for a KV pool when they do not here."""
+    found = []
+    for other in rigs().values():
+        if other.gpu != rig.gpu or other.gpus <= rig.gpus:
+            continue
+        names = [p.name for p in elsewhere if other.name in written_for(p) and not p.plan_only]
+        if names:
+            found.append((other, names))
+    return found
 
 
 def _shared_rig_assumptions(rows: Sequence[PlanRow]) -> list[str]:

@@ -28,6 +28,11 @@ CLIENT_QUEUE_HEADROOM = 1.1
 server queue so a finished slot refills at once, without pushing the KV pool into retraction."""
 
 
+MAX_MEM_FRACTION = 0.95
+"""The highest --mem-fraction-static the planner suggests: above it, CUDA graphs and activations
+are left too little to start."""
+
+
 def _round_up(value: float, multiple: int) -> int:
     return max(multiple, math.ceil(value / multiple) * multiple)
 
@@ -58,11 +63,23 @@ def plan_deployment(
         kept = hardware.pre_free_gib * (1 - deployment.mem_fraction_static)
         extra = hardware.dp_attention_extra_gib.get(deployment.attn_dp_size, 0.0)
         left = hardware.post_free_gib - (extra if deployment.attn_dp_size > 1 else 0.0)
+        fixes = []
+        if left > 0:
+            # the fraction at which the pool begins: kept back = pre_free * (1 - fraction) < left
+            needed = 1 - left / hardware.pre_free_gib
+            if needed < MAX_MEM_FRACTION:
+                at_max = left - hardware.pre_free_gib * (1 - MAX_MEM_FRACTION)
+                fixes.append(
+                    f"raise --mem-fraction-static above {needed:.2f} (at {MAX_MEM_FRACTION:g}: "
+                    f"{at_max:.2f} GiB per rank, little room for activations)"
+                )
+        if deployment.attn_dp_size > 1 and extra > 0:
+            fixes.append(f"drop DP attention (it replicates {extra:.2f} GiB more per GPU)")
+        fixes.append("spread the weights over more GPUs")
         notes.append(
             f"KV pool {gib:.2f} GiB per rank ({left:.2f} GiB free per GPU after the weights, "
             f"{kept:.2f} kept back at --mem-fraction-static {deployment.mem_fraction_static:g}): "
-            "SGLang aborts with 'Not enough memory'; raise --mem-fraction-static, drop DP "
-            "attention, or spread the weights over more GPUs"
+            f"SGLang aborts with 'Not enough memory'; {', or '.join(fixes)}"
         )
     return plan_from_pool(
         label=label,

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from eagledata.errors import ConfigError
+from eagledata.rundir.percentile import percentile_of_sorted
 
 
 class Workload(BaseModel):
@@ -51,7 +51,7 @@ class Workload(BaseModel):
         lengths = sorted(int(n) for n in prompt_lengths)
         if not lengths:
             raise ConfigError("workload: the prompt length sample is empty")
-        p90 = lengths[max(0, math.ceil(0.9 * len(lengths)) - 1)]
+        p90 = percentile_of_sorted(lengths, 0.9)  # nearest rank, as status says it
         return cls(
             num_prompts=num_prompts if num_prompts is not None else len(lengths),
             samples_per_prompt=samples_per_prompt,

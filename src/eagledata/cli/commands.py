@@ -8,12 +8,16 @@ simulated; ``launch_commands``: servers launched); ``shell`` holds what they sha
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import typer
 
+from eagledata import __version__
 from eagledata.cli.data_commands import canary, generate, resume
 from eagledata.cli.launch_commands import launch_server
 from eagledata.cli.run_dir_commands import export, report, status, verify
 from eagledata.cli.server_commands import check_server, plan, sim_server
+from eagledata.cli.shell import PlainHelpCommand
 
 app = typer.Typer(
     add_completion=False,
@@ -25,18 +29,38 @@ app = typer.Typer(
     help="Token-faithful EAGLE-3 drafter data from an SGLang server, bf16 KV cache enforced.",
 )
 
-app.command()(generate)
-app.command()(resume)
-app.command()(status)
-app.command()(canary)
-app.command()(verify)
-app.command()(report)
-app.command("check-server")(check_server)
+
+def _version(shown: bool) -> None:
+    if shown:
+        typer.echo(f"eagledata {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", is_eager=True, callback=_version, help="Print the version and exit"
+        ),
+    ] = False,
+) -> None:
+    """Token-faithful EAGLE-3 drafter data from an SGLang server, bf16 KV cache enforced."""
+
+
+app.command(cls=PlainHelpCommand)(generate)
+app.command(cls=PlainHelpCommand)(resume)
+app.command(cls=PlainHelpCommand)(status)
+app.command(cls=PlainHelpCommand)(canary)
+app.command(cls=PlainHelpCommand)(verify)
+app.command(cls=PlainHelpCommand)(report)
+app.command("check-server", cls=PlainHelpCommand)(check_server)
 # extra arguments after -- pass through to SGLang
 app.command(
     "launch-server",
     context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    cls=PlainHelpCommand,
 )(launch_server)
-app.command()(plan)
-app.command("sim-server")(sim_server)
-app.command()(export)
+app.command(cls=PlainHelpCommand)(plan)
+app.command("sim-server", cls=PlainHelpCommand)(sim_server)
+app.command(cls=PlainHelpCommand)(export)

@@ -113,9 +113,10 @@ def plan(
 
     from eagledata.capacity import REFERENCE_WORKLOAD, render_plan_table
     from eagledata.capacity.derived import derive_profiles
+    from eagledata.capacity.plan_row import written_for
     from eagledata.capacity.planning import build_plan, measure_workload, profiles_for
     from eagledata.errors import ConfigError
-    from eagledata.profiles.loading import load_profiles
+    from eagledata.profiles.loading import load_profiles, shared_prefix
     from eagledata.profiles.profile import Profile
     from eagledata.profiles.rigs import get_rig, reference_rig
     from eagledata.profiles.target import resolve_target
@@ -150,12 +151,23 @@ def plan(
                 info = fetch_server_info(http, url.rstrip("/"), settings.api_key_env)
                 live.append((url, ServerFacts.from_server_info(info)))
         elsewhere: list[Profile] = []
+        written_here: list[str] = []
         if model is not None:
             planned = derive_profiles(resolve_target(model), target)
         else:
-            profiles = load_profiles(profile, profiles_dir)
+            every = load_profiles(None, profiles_dir)
+            here, others = profiles_for(target, every)
+            # a profile named by the label this rig's table shows (tp8 under "profiles
+            # kimi-k25-*")
+            prefix = shared_prefix([p.name for p in here])
+            labels = {p.name[len(prefix) :]: p.name for p in here}
+            named = [labels.get(name, name) for name in profile or []]
+            profiles = load_profiles(named, profiles_dir) if profile else every
             # the profiles named are planned whatever rigs they are written for
-            planned, elsewhere = (profiles, []) if profile else profiles_for(target, profiles)
+            planned, elsewhere = (profiles, []) if profile else (here, others)
+            written_here = [
+                p.name for p in every if target.name in written_for(p) and not p.plan_only
+            ]
         rows = build_plan(planned, workload, live, accept_length=accept_length, rig=target)
         if as_json:
             import json
@@ -164,7 +176,9 @@ def plan(
 
             document = plan_document(rows, workload, rig=target, elsewhere=elsewhere)
             return json.dumps(document, indent=1)
-        return render_plan_table(rows, workload=workload, rig=target, elsewhere=elsewhere)
+        return render_plan_table(
+            rows, workload=workload, rig=target, elsewhere=elsewhere, written_here=written_here
+        )
 
     typer.echo(guarded(build))
 

@@ -5,11 +5,14 @@ of a run's output."""
 from __future__ import annotations
 
 import os
+import re
+import textwrap
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
+from typer.core import TyperCommand
 
 from eagledata.cli.interrupts import EXIT_INTERRUPTED, hand_back
 from eagledata.config import (
@@ -185,3 +188,85 @@ def finish_run(summary: Any) -> None:
     if summary.all_failed:
         typer.echo(f"eagledata: error: {summary.all_failed}", err=True)
         raise typer.Exit(EXIT_NOTHING_WRITTEN)
+
+
+TYPE_METAVARS = {"int": "N", "float": "NUMBER", "str": "TEXT", "path": "PATH", "file": "FILE"}
+"""The value a user types, by typer's type label (``<int>``, ``<list[Path]>``); an option's own
+metavar wins."""
+
+
+class PlainHelpCommand(TyperCommand):
+    """Help in a user's words: ``RUN_DIR...`` and ``--profile TEXT``, not typer's
+    ``{run_dirs}...`` and ``<list[str]>`` (Python types); a --flag/--no-flag pair shows no
+    default, which at 80 columns broke as ``[default: no-`` / ``force]``."""
+
+    def collect_usage_pieces(self, ctx: Any) -> list[str]:
+        pieces = [self.options_metavar] if self.options_metavar else []
+        for param in self.get_params(ctx):
+            if param.param_type_name == "argument":
+                label = argument_label(param)
+                pieces.append(label if param.required else f"[{label}]")
+        return pieces
+
+    def format_options(self, ctx: Any, formatter: Any) -> None:
+        arguments: list[tuple[str, str]] = []
+        options: list[tuple[str, str]] = []
+        for param in self.get_params(ctx):
+            if param.param_type_name == "argument":
+                text = getattr(param, "help", None) or ""
+                if param.required:
+                    text = f"{text}  [required]" if text else "[required]"
+                arguments.append((argument_label(param), text))
+            elif param.param_type_name == "option":
+                record = param.get_help_record(ctx)
+                if record is not None:
+                    options.append(plain_option_record(param, record))
+        if arguments:
+            with formatter.section("Arguments"):
+                write_dl(formatter, arguments)
+        if options:
+            with formatter.section("Options"):
+                write_dl(formatter, options)
+
+
+def write_dl(formatter: Any, rows: list[tuple[str, str]], col_max: int = 30) -> None:
+    """click's definition list, wrapped at spaces only: click's wrapper breaks at hyphens too,
+    and a name like ``rtx-pro-6000x8`` came out as ``rtx-`` / ``pro-6000x8``."""
+    first_col = min(max(len(first) for first, _ in rows), col_max) + 2
+    indent = " " * formatter.current_indent
+    width = max(formatter.width - first_col - 2, 10)
+    for first, second in rows:
+        formatter.write(f"{indent}{first}")
+        if not second:
+            formatter.write("\n")
+            continue
+        if len(first) <= first_col - 2:
+            formatter.write(" " * (first_col - len(first)))
+        else:
+            formatter.write("\n" + " " * (first_col + formatter.current_indent))
+        lines = textwrap.wrap(second, width, break_on_hyphens=False, break_long_words=False)
+        formatter.write(f"{lines[0] if lines else ''}\n")
+        for line in lines[1:]:
+            formatter.write(f"{indent}{' ' * first_col}{line}\n")
+
+
+def argument_label(param: Any) -> str:
+    label = str(param.metavar or param.name or "").upper()
+    return f"{label}..." if param.nargs != 1 else label
+
+
+def user_words(label: str) -> str:
+    """typer's type label in a user's words: ``list[Path]`` -> ``PATH``, ``int`` -> ``N``."""
+    inner = re.fullmatch(r"list\[(.*)\]", label)
+    bare = inner.group(1) if inner else label
+    return TYPE_METAVARS.get(bare.lower(), bare.upper() if "|" not in bare else bare)
+
+
+def plain_option_record(param: Any, record: tuple[str, str]) -> tuple[str, str]:
+    """typer's record with the user's words: ``<list[str]>`` -> ``TEXT``; a flag pair's default
+    left out (the pair says both ways)."""
+    names, text = record
+    names = re.sub(r" <([^>]*)>(\.\.\.)?$", lambda m: " " + user_words(m.group(1)), names)
+    if param.is_flag and param.secondary_opts:
+        text = re.sub(r"\s*\[default: [^\]]*\]", "", text)
+    return names, text

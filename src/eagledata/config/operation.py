@@ -56,7 +56,8 @@ class ServerSettings(Strict):
     def _urls_are_http(cls, urls: list[str]) -> list[str]:
         for url in urls:
             if not url.startswith(("http://", "https://")):
-                raise ValueError(f"{url!r} is not an http(s) URL, e.g. http://127.0.0.1:30000")
+                example = f"http://{url}" if "://" not in url else "http://127.0.0.1:30000"
+                raise ValueError(f"{url!r} is not an http(s) URL, e.g. {example}")
         return [url.rstrip("/") for url in urls]
 
 
@@ -68,6 +69,12 @@ class RunSettings(Strict):
     )
     limit: int | None = Field(None, ge=1)
     fsync_interval_s: float = Field(1.0, ge=0)
+    progress_log_s: float = Field(
+        30.0,
+        gt=0,
+        description="Off a terminal (a log, CI): a progress line at least this often, whether or "
+        "not an item finished",
+    )
     watchdog_s: float | None = Field(
         None,
         gt=0,

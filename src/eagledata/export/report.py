@@ -13,15 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from eagledata.rundir.percentile import percentile_of_sorted
+
 NOT_GENERATED = "not_generated"
-
-
-def percentile(ordered: list[int], fraction: float) -> int | None:
-    """Nearest-rank percentile of an ascending list."""
-    if not ordered:
-        return None
-    rank = max(1, -(-len(ordered) * fraction // 1))  # ceil(n * fraction)
-    return ordered[min(len(ordered), int(rank)) - 1]
 
 
 def _add(counts: dict[str, int], key: str, amount: int = 1) -> None:
@@ -126,8 +120,8 @@ class ExportReport:
         ordered = sorted(self.lengths)
         return {
             "max": ordered[-1] if ordered else None,
-            "p99": percentile(ordered, 0.99),
-            "p50": percentile(ordered, 0.5),
+            "p99": percentile_of_sorted(ordered, 0.99),
+            "p50": percentile_of_sorted(ordered, 0.5),
         }
 
     def hand_off(self) -> list[str]:

@@ -61,8 +61,9 @@ def token_counts_json(counts: Counter[int]) -> bytes:
 
 
 _NEEDS_TORCH = (
-    "--draft-vocab-size writes a torch file and needs torch (pip install torch); "
-    "or pass --token-counts and build the mapping where torch is installed"
+    "--draft-vocab-size writes a torch file and needs torch: pip install 'eagledata[draft]' "
+    "(or pip install torch); or pass --token-counts and build the mapping where torch is "
+    "installed"
 )
 
 

@@ -46,11 +46,27 @@ def list_profiles(profiles_dir: str | Path | None = None) -> list[str]:
     return sorted(path.stem for path in directory.glob("*.toml"))
 
 
+def shared_prefix(names: Sequence[str]) -> str:
+    """What every name starts with, up to its last ``-``: ``kimi-k25-`` for ``kimi-k25-tp8``
+    and ``kimi-k25-dcp8``; the tables show the rest as each profile's label."""
+    if len(names) < 2:
+        return ""
+    first, last = min(names), max(names)
+    size = 0
+    while size < min(len(first), len(last)) and first[size] == last[size]:
+        size += 1
+    common = first[:size]
+    return common[: common.rfind("-") + 1] if "-" in common else ""
+
+
 def load_profile(name_or_path: str | Path, profiles_dir: str | Path | None = None) -> Profile:
     """Load a profile by name from ``profiles_dir``, or from a ``.toml`` path."""
     directory = Path(profiles_dir) if profiles_dir is not None else default_profiles_dir()
     candidate = Path(name_or_path)
     path = candidate if candidate.suffix == ".toml" else directory / f"{name_or_path}.toml"
+    if not path.is_file() and candidate.suffix != ".toml":
+        # the label plan shows under "profiles kimi-k25-*" (tp8 for kimi-k25-tp8)
+        path = directory / f"{shared_prefix(list_profiles(directory))}{name_or_path}.toml"
     if not path.is_file():
         available = ", ".join(list_profiles(directory)) or "none"
         raise ConfigError(

@@ -230,6 +230,11 @@ class CanaryMonitor:
             return "period"
         return None
 
+    def next_due_at(self, url: str) -> float | None:
+        """When the period makes the next check of ``url`` due (monotonic), None if due now."""
+        last = self._last.get(url)
+        return None if last is None else last + self.period_s
+
     async def check(self, url: str, trigger: str) -> None:
         """Score, compare, log; raise on drift (or ``ServerUnavailableError`` if it cannot).
         A router passes when every one of its workers does."""

@@ -16,9 +16,11 @@ Statistics of a scoring against a reference:
   count); the trim keeps MoE routing flips (a few positions moved far) from setting the floor.
 * ``trimmed_abs``: mean of |lp - lp_ref| over all but the largest 10%: MoE routing flips move a
   few positions a lot; trimming keeps them from voting.
-* ``topk_kl``: mean over positions (all but the largest 10%, as above) of
-  sum_j p_ref,j (lp_ref,j - lp_now,j) over the reference's top-k ids; an id missing from the
-  current top-k gets the current k-th logprob (an upper bound).
+* ``topk_kl``: mean over positions (all but the largest 10%, as above) of the KL from the
+  reference to the current distribution over the reference's top-k ids plus one bucket for the
+  rest (``topk_kl_per_position``: >= 0, a lower bound of the full KL); an id missing from the
+  current top-k gets the smaller of the current k-th probability and its share of what the
+  current top-k leaves.
 * ``top1_flip``: share of positions whose most likely token changed.
 * ``greedy_divergence``: median over decode probes of where the greedy output first differs from
   the baseline's, as a fraction of its length (1.0: never).
@@ -93,12 +95,7 @@ def compare(now: Scoring, reference: Scoring, trim: float = 0.1) -> dict[str, fl
     if k and len(reference.top_ids):
         ref_ids, ref_lps = reference.top_ids[:, :k], reference.top_lps[:, :k]
         now_ids, now_lps = now.top_ids[:, :k], now.top_lps[:, :k]
-        # lp_now of each reference candidate: its value in the current top-k, else the k-th.
-        match = ref_ids[:, :, None] == now_ids[:, None, :]
-        found = match.any(axis=2)
-        first = np.take_along_axis(now_lps, match.argmax(axis=2), axis=1)
-        picked = np.where(found, first, now_lps[:, -1:])
-        kl = np.sort((np.exp(ref_lps) * (ref_lps - picked)).sum(axis=1))
+        kl = np.sort(topk_kl_per_position(ref_ids, ref_lps, now_ids, now_lps))
         stats["topk_kl"] = float(kl[: max(1, round(len(kl) * (1.0 - trim)))].mean())
         stats["top1_flip"] = float((ref_ids[:, 0] != now_ids[:, 0]).mean())
     if reference.greedy:
@@ -107,6 +104,40 @@ def compare(now: Scoring, reference: Scoring, trim: float = 0.1) -> dict[str, fl
         ]
         stats["greedy_divergence"] = float(np.median(divergences)) if divergences else 1.0
     return stats
+
+
+def topk_kl_per_position(
+    ref_ids: np.ndarray, ref_lps: np.ndarray, now_ids: np.ndarray, now_lps: np.ndarray
+) -> np.ndarray:
+    """KL(ref || now) at each position, over the reference's top-k ids and one bucket for every
+    other id: both sides are whole distributions, so it is >= 0 (Gibbs' inequality) and a lower
+    bound of the full KL (coarse-graining loses information, never adds it).
+
+    The sum of p_ref (lp_ref - lp_now) over the top-k alone is no divergence: the top-k does not
+    hold all of p_ref's mass, and when the current server moves mass into those ids from the rest
+    the sum goes negative. A reference id missing from the current top-k has at most the current
+    k-th probability, and all of them together at most what the current top-k leaves: each gets
+    the smaller of the two (the share of the rest), so the current side never sums past 1.
+    """
+    ref_p = np.exp(ref_lps)
+    now_p = np.exp(now_lps)
+    match = ref_ids[:, :, None] == now_ids[:, None, :]
+    found = match.any(axis=2)
+    first = np.take_along_axis(now_p, match.argmax(axis=2), axis=1)
+    outside = np.clip(1.0 - now_p.sum(axis=1, keepdims=True), 0.0, None)
+    missing = (~found).sum(axis=1, keepdims=True)
+    share = np.minimum(now_p[:, -1:], outside / np.maximum(missing, 1))
+    now_q = np.where(found, first, share)
+    ref_rest = np.clip(1.0 - ref_p.sum(axis=1), 0.0, None)
+    now_rest = np.clip(1.0 - now_q.sum(axis=1), 0.0, None)
+    tiny = np.finfo(np.float64).tiny
+    with np.errstate(divide="ignore", invalid="ignore"):
+        terms = np.where(ref_p > 0, ref_p * (np.log(ref_p) - np.log(np.maximum(now_q, tiny))), 0.0)
+        rest = np.where(
+            ref_rest > 0, ref_rest * (np.log(ref_rest) - np.log(np.maximum(now_rest, tiny))), 0.0
+        )
+    # >= 0 in exact arithmetic; float rounding of equal distributions can leave -1e-17
+    return np.asarray(np.maximum(terms.sum(axis=1) + rest, 0.0))
 
 
 def trimmed_signed_mean(delta: np.ndarray, tail: float = 0.05) -> float:

@@ -12,9 +12,8 @@ from dataclasses import dataclass
 from html import escape
 from typing import Any
 
-import numpy as np
-
 from eagledata.report.records_scan import DatasetSeries, RecordSeries
+from eagledata.rundir.percentile import percentile
 
 COLUMNS = (
     "dataset",
@@ -43,8 +42,8 @@ def _count(value: Any) -> str:
 def _percentiles(values: Any) -> str:
     if not len(values):
         return "-"
-    p50, p90 = np.percentile(np.asarray(values, dtype=np.int64), [50, 90])
-    return f"{int(p50):,} / {int(p90):,}"
+    lengths = [int(value) for value in values]
+    return f"{percentile(lengths, 0.5):,} / {percentile(lengths, 0.9):,}"
 
 
 def _thinking(series: DatasetSeries | None) -> str:

@@ -23,6 +23,7 @@ from eagledata.report.plotting import (
 from eagledata.report.rundata import RunData
 from eagledata.report.sections import Plot, missing, share
 from eagledata.rundir.lines import FLAG_NAMES
+from eagledata.rundir.percentile import percentile
 
 # Flags a record may carry (docs/run-directory.md), drawn even at zero so a clean run shows it.
 KNOWN_FLAGS = FLAG_NAMES
@@ -73,10 +74,9 @@ def answer_length_plot(data: RunData) -> Plot:
         ax.set_xlabel("output tokens per answer (log scale)")
         ax.set_ylabel("answers")
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
-        median = float(np.median(answers))
-        ax.axvline(
-            max(median, 1), color=INK, linestyle=":", linewidth=1, label=f"median {median:,.0f}"
-        )
+        lengths = [int(n) for n in answers]
+        median = percentile(lengths, 0.5) or 0  # nearest rank, as status and the table say it
+        ax.axvline(max(median, 1), color=INK, linestyle=":", linewidth=1, label=f"p50 {median:,}")
         if limit:
             ax.axvline(
                 limit, color=RED, linestyle="--", linewidth=1.2, label=f"max_new_tokens {limit:,}"
@@ -84,11 +84,11 @@ def answer_length_plot(data: RunData) -> Plot:
         ax.legend(loc="upper left")
         png = render(figure)
     truncated = int(cut.sum())
-    p90 = float(np.percentile(answers, 90))
+    p90 = percentile(lengths, 0.9) or 0
     caption = (
         f"{share(truncated, len(answers))} answers cut at max_new_tokens"
         + (f" ({limit:,})" if limit else "")
-        + f"; median {median:,.0f}, p90 {p90:,.0f}, longest {int(answers.max()):,} tokens."
+        + f"; p50 {median:,}, p90 {p90:,}, longest {int(answers.max()):,} tokens."
     )
     return Plot(key, title, caption, png, width_in=6.4)
 
@@ -148,7 +148,7 @@ def prompt_answer_plot(data: RunData) -> Plot:
         else float("nan")
     )
     caption = (
-        f"{len(x):,} answers; prompts median {float(np.median(prompts)):,.0f}, longest "
+        f"{len(x):,} answers; prompts p50 {percentile(map(int, prompts), 0.5):,}, longest "
         f"{int(prompts.max()):,} tokens"
         + ("" if math.isnan(correlation) else f"; log-log correlation {correlation:.2f}")
         + "."

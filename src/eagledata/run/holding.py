@@ -48,6 +48,26 @@ class ServerCheck(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
+class HoldState:
+    """What the progress line says of the held results: how many, which check they wait for,
+    and when it runs next (``next_in_s``; 0 while it runs)."""
+
+    held: int
+    waiting_for: str = ""
+    next_in_s: float | None = None
+
+    def text(self) -> str:
+        if not self.held:
+            return f"{self.waiting_for} running" if self.waiting_for else ""
+        said = f"held {self.held:,}" + (f" ({self.waiting_for})" if self.waiting_for else "")
+        if self.next_in_s is None:
+            return said
+        if self.next_in_s <= 0:
+            return f"{said}, checking now"
+        return f"{said}, next check in {self.next_in_s:,.0f} s"
+
+
+@dataclass(frozen=True, slots=True)
 class Held(Generic[T]):
     payload: T
     server: str
@@ -89,6 +109,8 @@ class HoldAndRelease(Generic[T]):
         """A round asked for now (``request_round``): its trigger."""
         self._due_now = False
         """Set with ``_wake`` when ``max_held`` results wait; ``_wake`` alone: look again."""
+        self.next_round_at = time.monotonic() + interval_s
+        """When the check loop wakes next (monotonic), without a new trigger."""
         self.checking: tuple[str, str, float] | None = None
         """The check running now: (check name, server, monotonic start); for the watchdog."""
         self.progress = 0
@@ -115,6 +137,38 @@ class HoldAndRelease(Generic[T]):
     def oldest_held_at(self) -> float | None:
         """When the result held longest completed (monotonic), or None."""
         return min((held.completed_at for held in self._held), default=None)
+
+    def state(self) -> HoldState:
+        """The held results, the check the oldest waits for, and when that check runs next:
+        for the progress line, which would otherwise sit still while results wait."""
+        now = time.monotonic()
+        if self.checking is not None:
+            name, _, _ = self.checking
+            return HoldState(len(self._held), f"{name} check", 0.0)
+        if not self._held:
+            return HoldState(0)
+        oldest = min(self._held, key=lambda held: held.completed_at)
+        blocking = [
+            check
+            for check in self.checks
+            if self._passed.get((check.name, oldest.server), -float("inf")) < oldest.completed_at
+        ]
+        if not blocking:
+            return HoldState(len(self._held), "releasing")
+        # the round that runs every blocking check: the later of the loop's next wake-up and the
+        # slowest check's own period, unless the oldest result's wait forces it first
+        due_at = self.next_round_at
+        for check in blocking:
+            own = getattr(check, "next_due_at", None)
+            if callable(own):
+                check_at = own(oldest.server)
+                if check_at is not None:
+                    due_at = max(due_at, check_at)
+        due_at = min(due_at, max(self.next_round_at, oldest.completed_at + self.max_hold_s))
+        if len(self._held) >= self.max_held:
+            due_at = now
+        names = " and ".join(check.name for check in blocking)
+        return HoldState(len(self._held), f"{names} check", max(due_at - now, 0.0))
 
     def request_round(self, trigger: str) -> None:
         """Run every check now, with ``trigger``, instead of at the next period or when
@@ -211,6 +265,7 @@ class HoldAndRelease(Generic[T]):
         while True:
             oldest = self.oldest_held_at()
             due_at = round_at if oldest is None else min(round_at, oldest + self.max_hold_s)
+            self.next_round_at = due_at
             remaining = due_at - time.monotonic()
             if self._due_now or self._asked is not None or remaining <= 0:
                 return

@@ -1,17 +1,22 @@
-"""The only tqdm user: a live bar while a run goes, and the plain summary at its end."""
+"""The only tqdm user: a live bar while a run goes (what is held and for which check, a time left
+that leaves the checks out, a log line at least every `[run] progress_log_s`), and the plain
+summary at its end."""
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import sys
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal, TextIO
 
 from tqdm import tqdm
 
 from eagledata.run.embedded import EventThrottle, ProgressEvent, current
+from eagledata.run.holding import HoldState
 from eagledata.rundir.totals import count_mismatch
 
 
@@ -43,28 +48,52 @@ class RateWindow:
 
 
 LOG_EVERY_S = 30.0
-"""Off a terminal (a log file, CI), one plain progress line this often."""
-BAR_MIN_COLUMNS = 70
-"""In a terminal, tqdm's counts, times and rate (~50 characters) and a bar of at least 20 keep this
-much of the line; the suffix gets the rest."""
+"""Off a terminal (a log file, CI), one plain progress line at least this often, whether or not
+an item finished: a run whose first minute is checks still says so."""
+REFRESH_S = 1.0
+"""How often the heartbeat redraws the bar (and looks whether a log line is due)."""
+BAR_MIN_COLUMNS = 52
+"""In a terminal, tqdm's share, counts and elapsed time (~30 characters) and a bar of at least 20
+keep this much of the line; the suffix gets the rest."""
+BAR_FORMAT = "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}{postfix}]"
+"""tqdm's own remaining time and rate are left out: they divide by the time since the bar began,
+which counts the canary's start and every hold; the suffix's ``eta`` does not."""
 
 
 def fit_suffix(fields: dict[str, object], room: int) -> str:
     """``key=value`` pairs, dropping the last ones until they fit in ``room`` characters (the
-    first are the ones that matter: tok/s, then the servers' load, then ours)."""
-    parts = [f"{key}={value}" for key, value in fields.items()]
+    first are the ones that matter: the time left and what is held, then tok/s, then the
+    servers' load, then ours)."""
+    parts = [str(value) if key == "held" else f"{key}={value}" for key, value in fields.items()]
     while parts and len(", ".join(parts)) > room:
         parts.pop()
     return ", ".join(parts)
 
 
-class Progress:
-    """Records done of planned, output tok/s, requests in flight, held by the guard, ETA.
+def nothing_held() -> HoldState:
+    return HoldState(0)
 
-    In a terminal: tqdm's live bar, its suffix cut to the terminal's width. Anywhere else (a
-    log file, CI): no bar (its carriage returns join every update into one line), but one plain
-    line every ``log_every_s``, ending in a newline. Inside another program (run/embedded.py):
-    nothing is written; the counts and the notes go to its callback, if it gave one.
+
+def format_eta(seconds: float) -> str:
+    seconds = round(seconds)
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
+
+
+class Progress:
+    """Records done of planned, the time left, what is held and why, output tok/s, requests in
+    flight.
+
+    In a terminal: tqdm's live bar, its suffix cut to the terminal's width, redrawn every
+    ``REFRESH_S`` by ``heartbeat`` (a hold of a minute is counted down, not frozen). Anywhere else
+    (a log file, CI): no bar (its carriage returns join every update into one line), but one plain
+    line at least every ``log_every_s``, whether or not an item finished. Inside another program
+    (run/embedded.py): nothing is written; the counts and the notes go to its callback, if it
+    gave one.
+
+    The time left counts answers (written or held) over the time since generation began
+    (``generation_started``): the servers' first checks and the canary's start are not part of
+    the rate, and held answers are not "left"; they land at the next check, which is added.
     """
 
     def __init__(
@@ -75,6 +104,7 @@ class Progress:
         enabled: bool = True,
         stream: TextIO | None = None,
         log_every_s: float = LOG_EVERY_S,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.rate = RateWindow()
         self._out = stream or sys.stderr
@@ -85,10 +115,17 @@ class Progress:
         self.interactive = hasattr(self._out, "isatty") and self._out.isatty()
         self.enabled = enabled
         self.total = total
+        self.initial = initial
         self.done = initial
         self.log_every_s = log_every_s
-        self._started = time.monotonic()
+        self.clock = clock
+        self._started = clock()
         self._last_log = self._started
+        self._generating_since: float | None = None
+        self.phase = ""
+        """What the session does while no answer can come (``canary start``, ``final checks``)."""
+        self.hold_state: Callable[[], HoldState] = nothing_held
+        """The holder's ``state`` once there is one (run/holding.py)."""
         self._bar = tqdm(
             total=total,
             initial=initial,
@@ -96,49 +133,98 @@ class Progress:
             dynamic_ncols=True,
             disable=not (enabled and self.interactive),
             file=self._out,
-            smoothing=0.05,
             mininterval=0.1,
+            bar_format=BAR_FORMAT,
         )
-        self._last_postfix = 0.0
-        self._fields: dict[str, object] = {}
+        self._last_postfix = -float("inf")
+        self._measures: dict[str, object] = {}
+
+    def generation_started(self) -> None:
+        """Answers can come from now on: the time left is measured from here."""
+        if self._generating_since is None:
+            self._generating_since = self.clock()
+        self.phase = ""
+
+    def eta_s(self, held: int, next_check_in_s: float | None) -> float | None:
+        """Seconds until every planned record is written, or None before an answer came."""
+        if self.total is None or self._generating_since is None:
+            return None
+        answered = self.done + held - self.initial
+        generating_s = self.clock() - self._generating_since
+        if answered <= 0 or generating_s <= 0:
+            return None
+        left = max(self.total - self.done - held, 0)
+        wait = (next_check_in_s or 0.0) if held else 0.0
+        return left / (answered / generating_s) + wait
 
     def advance(
         self,
         *,
         tokens: int = 0,
         in_flight: int = 0,
-        held: int = 0,
         load: dict[str, str] | None = None,
     ) -> None:
         """One more item done; ``load`` adds the servers' KV usage, running and queued."""
+        now = self.clock()
         if tokens:
-            self.rate.add(tokens)
+            self.rate.add(tokens, now)
         self.done += 1
         self._bar.update(1)
-        now = time.monotonic()
+        self._measures = {"tok/s": None, **(load or {}), "in_flight": in_flight}
         if now - self._last_postfix >= 0.5:
-            self._last_postfix = now
-            fields: dict[str, object] = {"tok/s": f"{self.rate.rate(now):,.0f}", **(load or {})}
-            fields.update(in_flight=in_flight, held=held)
-            self._fields = fields
-            self._show(fields)
+            self.refresh(now, log=False)
         if self._events is not None:
+            held = self.hold_state().held
             self._events.progress(self._event("progress", in_flight=in_flight, held=held))
-        if self.enabled and not self.interactive and now - self._last_log >= self.log_every_s:
-            self._last_log = now
-            self._log_line()
+        if self._log_due(now):
+            self._log_line(now)
 
-    def _show(self, fields: dict[str, object]) -> None:
-        if self._bar.disable:
-            return
-        width = self._bar.ncols or shutil.get_terminal_size().columns
-        self._bar.set_postfix_str(fit_suffix(fields, width - BAR_MIN_COLUMNS), refresh=False)
+    def fields(self, now: float) -> dict[str, object]:
+        """The suffix: time left, what is held (or the phase), tok/s, load, in flight."""
+        state = self.hold_state()
+        eta = self.eta_s(state.held, state.next_in_s)
+        fields: dict[str, object] = {}
+        if self.total is not None:  # no plan size, no time left to say
+            fields["eta"] = "?" if eta is None else format_eta(eta)
+        if self.phase and not state.held:
+            fields["held"] = self.phase
+        elif state.text():
+            fields["held"] = state.text()
+        fields.update(self._measures)
+        fields["tok/s"] = f"{self.rate.rate(now):,.0f}"
+        return fields
 
-    def _log_line(self) -> None:
+    def refresh(self, now: float | None = None, *, log: bool = True) -> None:
+        """Redraw the suffix; off a terminal, write a line if none was written for
+        ``log_every_s``."""
+        now = self.clock() if now is None else now
+        self._last_postfix = now
+        if not self._bar.disable:
+            width = self._bar.ncols or shutil.get_terminal_size().columns
+            suffix = fit_suffix(self.fields(now), width - BAR_MIN_COLUMNS)
+            self._bar.set_postfix_str(suffix, refresh=True)
+        if log and self._log_due(now):
+            self._log_line(now)
+
+    async def heartbeat(self, every_s: float = REFRESH_S) -> None:
+        """Redraw every ``every_s`` until cancelled by its owner's task group: the line moves
+        while the canary or a hold keeps answers back."""
+        while True:
+            await asyncio.sleep(every_s)
+            self.refresh()
+
+    def _log_due(self, now: float) -> bool:
+        return self.enabled and not self.interactive and now - self._last_log >= self.log_every_s
+
+    def _log_line(self, now: float) -> None:
+        self._last_log = now
         done = f"{self.done:,}" + (f"/{self.total:,}" if self.total else "")
         share = f" ({self.done / self.total:.1%})" if self.total else ""
-        elapsed = time.monotonic() - self._started
-        suffix = ", ".join(f"{key} {value}" for key, value in self._fields.items())
+        elapsed = now - self._started
+        fields = self.fields(now)
+        suffix = ", ".join(
+            str(value) if key == "held" else f"{key} {value}" for key, value in fields.items()
+        )
         self._out.write(f"progress: {done} records{share} after {elapsed:,.0f} s; {suffix}\n")
         self._out.flush()
 
@@ -162,8 +248,12 @@ class Progress:
     def close(self) -> None:
         if self._events is not None:
             self._events.always(self._event("end"))
-        # The last postfix may be half a second old: show the final state, not a stale one.
-        self._show({"tok/s": f"{self.rate.rate():,.0f}", "in_flight": 0, "held": 0})
+        # The last suffix may be half a second old: show the final state, not a stale one.
+        self.hold_state = nothing_held
+        self.phase = ""
+        self._measures["in_flight"] = 0
+        if not self._bar.disable:
+            self.refresh(log=False)
         self._bar.close()
 
 

@@ -92,8 +92,10 @@ class Run(SessionStartup):
         limit = parts.limit
         # The controller reads the servers' load while the canary starts too: the canary's
         # requests pass its gate like the run's (server/budget.py).
+        parts.bar.phase = "canary start: baseline and first check"
         async with TaskScope(shutdown_s=TASK_SHUTDOWN_S, on_stuck=self._report_stuck) as scope:
             scope.create_task(parts.controller.run(), name="load-controller")
+            scope.create_task(parts.bar.heartbeat(), name="progress")
             monitor = await start_canary(
                 self.run_dir,
                 config,
@@ -119,6 +121,7 @@ class Run(SessionStartup):
             self.turns = await self._turn_source(parts)
             source, handle = self.turns.items(), self.turns.handler(sender.send)
         scheduler = parts.scheduler
+        parts.bar.generation_started()
         with stop_on_signals(scheduler, parts.bar, self._on_stop):
             while True:
                 try:
@@ -130,11 +133,15 @@ class Run(SessionStartup):
                         scope.create_task(parts.holder.run(), name="checks")
                         scope.create_task(parts.controller.run(), name="load-controller")
                         scope.create_task(self._watchdog(parts).run(), name="watchdog")
+                        scope.create_task(parts.bar.heartbeat(), name="progress")
                         await scheduler.run(source, handle)
                 except BaseExceptionGroup as group_error:
                     raise first_fatal(group_error) from None
                 flush_started = time.monotonic()
-                await parts.holder.flush()
+                parts.bar.phase = "final checks"
+                async with TaskScope(shutdown_s=TASK_SHUTDOWN_S) as beat:
+                    beat.create_task(parts.bar.heartbeat(), name="progress")
+                    await parts.holder.flush()
                 self.checks_s += time.monotonic() - flush_started
                 if scheduler.stopping or not parts.redo:
                     return

@@ -130,6 +130,5 @@ class SessionItems(RunBase):
             in_flight=parts.scheduler.stats.in_flight
             if load is None or not load.auto
             else sum(lane.in_flight for lanes in load.lanes.values() for lane in lanes),
-            held=parts.holder.held,
             load=None if load is None else load.bar_fields(),
         )

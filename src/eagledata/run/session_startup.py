@@ -128,7 +128,9 @@ class SessionStartup(SessionItems):
             total=files.planned_before or files.estimate,
             initial=len(files.totals.done_ids),
             enabled=self.show_progress,
+            log_every_s=config.run.progress_log_s,
         )
+        parts.progress.hold_state = parts.holder.state
         if not self.run_dir.exists():
             self.run_dir.create(self.frozen, self._manifest_extra(kv_guard, files.estimate))
         return parts

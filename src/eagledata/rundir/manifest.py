@@ -100,12 +100,20 @@ class RunDir:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            raise RunDirError(
-                f"another eagledata process is working on {self.path}; wait for it or stop it"
-            ) from None
+            holder = self.lock_holder()
+            who = "another eagledata process" if holder is None else f"eagledata (PID {holder})"
+            stop = "stop it" if holder is None else f"stop it (kill {holder})"
+            raise RunDirError(f"{who} is working on {self.path}; wait for it or {stop}") from None
         self._lock_fd = fd
         with contextlib.suppress(OSError):  # a note for people; the lock does not depend on it
             (self.path / ".lock").write_text(f"{os.getpid()}\n")
+
+    def lock_holder(self) -> int | None:
+        """The PID the holder wrote in ``.lock``, or None if it cannot be read."""
+        try:
+            return int((self.path / ".lock").read_text().strip())
+        except (OSError, ValueError):
+            return None
 
     def unlock(self) -> None:
         if self._lock_fd is not None:

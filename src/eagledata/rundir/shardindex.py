@@ -8,7 +8,8 @@ digest of the index itself.
 
 An index is a cache, never the truth: it is trusted only when it is whole (parses, right version),
 unaltered (its digest matches its body, its counts agree with each other), about its own shard (the
-name matches) and current (the shard's size and mtime are those it recorded). Otherwise it is
+name matches) and current (the shard's size and mtime are those it recorded, or, when only the
+mtime differs, as after ``cp -r``, the shard's bytes have the checksum it recorded). Otherwise it is
 missing, torn, forged or stale, and is rebuilt from the shard's lines, and written again when the
 caller may (``persist``). A run written before indexes existed has none: every index is rebuilt
 once, then read. ``verify --full`` also recomputes each shard's checksum and compares the index
@@ -28,7 +29,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -181,6 +182,11 @@ def write_index(shard: Path, index: ShardIndex) -> None:
 
 def load_index(shard: Path) -> ShardIndex:
     """The index of ``shard`` if it can be trusted; ``IndexRejected`` says why not."""
+    return _load_index(shard)[0]
+
+
+def _load_index(shard: Path) -> tuple[ShardIndex, bool]:
+    """``load_index``, and whether the shard was copied (same bytes, another mtime)."""
     try:
         data = index_path(shard).read_bytes()
         stat = shard.stat()
@@ -189,9 +195,24 @@ def load_index(shard: Path) -> ShardIndex:
     index = ShardIndex.from_bytes(data)
     if index.shard != shard.name:
         raise IndexRejected(FORGED, f"it is the index of {index.shard}")
-    if index.size != stat.st_size or index.mtime_ns != stat.st_mtime_ns:
+    if index.size != stat.st_size:
         raise IndexRejected(STALE, "the shard changed after its index was written")
-    return index
+    if index.mtime_ns != stat.st_mtime_ns:
+        # A copy (cp -r, rsync without -t, a restore) gives every shard a new mtime: the same
+        # bytes are the same shard. The checksum says so at the cost of one read, no parsing.
+        if file_checksum(shard) != index.checksum:
+            raise IndexRejected(STALE, "the shard changed after its index was written")
+        return replace(index, mtime_ns=stat.st_mtime_ns), True
+    return index, False
+
+
+def file_checksum(shard: Path) -> str:
+    """The checksum an index records, of ``shard``'s bytes as they are now."""
+    hasher = new_checksum()
+    with shard.open("rb") as handle:
+        while chunk := handle.read(1 << 20):
+            hasher.update(chunk)
+    return checksum_label(hasher)
 
 
 @dataclass(frozen=True)
@@ -209,9 +230,15 @@ def read_index(shard: Path, *, persist: bool) -> IndexRead:
     function of the shard alone, so two processes repairing the same index write the same bytes.
     """
     try:
-        return IndexRead(shard, load_index(shard))
+        found, copied = _load_index(shard)
     except IndexRejected as rejected:
         reason = rejected.kind
+    else:
+        moved = persist and copied
+        if moved:  # a copied shard: record its new mtime, so the next read needs no checksum
+            with contextlib.suppress(StorageError, OSError):
+                write_index(shard, found)
+        return IndexRead(shard, found, persisted=moved)
     index = build_index(shard)
     persisted = False
     if persist:

@@ -164,9 +164,15 @@ class StatusReport:
 
 def _dataset_line(entry: dict[str, Any]) -> str:
     """One dataset of the run: its counts, then its settings."""
-    planned = entry.get("planned")
+    planned, estimate = entry.get("planned"), entry.get("planned_estimate")
+    if planned is not None:
+        planned_text = f"planned {planned:,}"
+    elif estimate is not None:
+        planned_text = f"planned {estimate:,} (estimate)"
+    else:  # several datasets: the run's estimate is not split between them
+        planned_text = "planned: counted once the plan is read"
     counts = [
-        f"planned {'?' if planned is None else f'{planned:,}'}",
+        planned_text,
         f"written {entry['written']:,}",
         f"failed {entry['failed']:,}",
         f"skipped {entry['skipped']:,}" + _reasons(entry["skipped_reasons"]),
@@ -331,8 +337,11 @@ def _datasets(run_dir: RunDir, totals: RunTotals) -> dict[str, dict[str, Any]]:
     except (KeyError, ValueError):  # a run.json without readable frozen settings
         settings = {}
     planned = run_dir.planned_by_dataset() or {}
+    names = [*settings, *(n for n in totals.datasets if n not in settings)]
+    # one dataset: the run's estimate is its own, as the run's planned line says it
+    estimate = run_dir.planned() if len(names) == 1 and not planned else None
     datasets: dict[str, dict[str, Any]] = {}
-    for name in [*settings, *(n for n in totals.datasets if n not in settings)]:
+    for name in names:
         counts = totals.datasets.get(name)
         written = counts.written if counts else 0
         failed = counts.failed if counts else 0
@@ -345,6 +354,7 @@ def _datasets(run_dir: RunDir, totals: RunTotals) -> dict[str, dict[str, Any]]:
             "skipped": skipped,
             "skipped_reasons": dict(counts.skipped_reasons) if counts else {},
             "failure_reasons": dict(counts.failure_reasons) if counts else {},
+            "planned_estimate": estimate if of_plan is None else None,
             "left": None if of_plan is None else max(of_plan - written - failed - skipped, 0),
             "settings": settings.get(name, {}),
         }

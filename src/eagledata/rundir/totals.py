@@ -22,6 +22,7 @@ from eagledata.rundir.journal import (
     iter_jsonl_lines,
 )
 from eagledata.rundir.lines import FailureLine, LineError, RecordLine
+from eagledata.rundir.percentile import percentile
 from eagledata.rundir.planstate import PlanStateBuilder
 from eagledata.rundir.rates import Rate, run_rates
 from eagledata.rundir.shardindex import IndexRead, iter_indexes
@@ -114,10 +115,9 @@ class RunTotals:
         )
 
     def output_length_percentile(self, fraction: float) -> int | None:
-        if not self.output_lengths:
-            return None
-        ordered = sorted(self.output_lengths)
-        return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
+        """The answers' nearest-rank percentile (rundir/percentile.py: the report's and
+        export's too)."""
+        return percentile(self.output_lengths, fraction)
 
 
 def count_mismatch(

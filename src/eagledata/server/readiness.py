@@ -12,7 +12,13 @@ from collections.abc import Callable
 
 import httpx
 
-from eagledata.errors import LaunchError, ServerError, ServerRefusedError, ServerUnavailableError
+from eagledata.errors import (
+    ConfigError,
+    LaunchError,
+    ServerError,
+    ServerRefusedError,
+    ServerUnavailableError,
+)
 from eagledata.server.answers import auth_error
 from eagledata.server.bodies import BodyTooLarge, BodyUnreadable, get_bounded_sync
 from eagledata.server.control import CONTROL_DEADLINE_S
@@ -61,6 +67,10 @@ def fetch_server_info(
                 "SGLang server?"
             ) from None
         except httpx.HTTPError as error:
+            if isinstance(error, httpx.UnsupportedProtocol):
+                raise ConfigError(
+                    f"{base_url} has no http:// or https://; add it: http://{base_url}"
+                ) from None
             fix = (
                 "is an SGLang server running there? start one (eagledata launch-server) or fix "
                 "the URL"

@@ -18,6 +18,7 @@ import orjson
 
 from eagledata.config import DatasetSettings, resolve_bundled
 from eagledata.errors import DatasetError
+from eagledata.source.hub import unreachable_and_uncached
 
 # Columns that real drafter datasets use for their own stable ids (docs/capacity.md, last table).
 KNOWN_ID_FIELDS = ("id", "prompt_id", "uuid", "conversation_id")
@@ -154,6 +155,9 @@ def _iter_with_datasets(settings: DatasetSettings) -> Iterator[tuple[dict[str, A
                 LOCAL_BUILDERS[path.suffix], data_files=str(path), split="train", streaming=True
             )
         else:
+            unreachable = unreachable_and_uncached(source, "dataset")
+            if unreachable is not None:
+                raise DatasetError(f"cannot read dataset {source}: {unreachable}")
             stream = datasets.load_dataset(
                 source, settings.subset, split=settings.split, streaming=True
             )

@@ -15,7 +15,7 @@ PREFLIGHT_ROWS = 20
 
 _FIXES = {
     "bad_schema": "fix the rows' shape, or set the dataset's schema in the config",
-    "unknown_role": "the rows' roles are not user/assistant/system (or human/gpt); fix them",
+    "unknown_role": "give every message a role: user, assistant or system (or human, gpt)",
 }
 
 
@@ -38,9 +38,11 @@ def check_first_rows(dataset: ResolvedDataset, config_source: str | None = None)
     reasons: list[tuple[str, str]] = []
     first_row: dict[str, object] | None = None
     read = 0
+    first_index = 0
     for row in iter_rows(dataset.settings, limit=PREFLIGHT_ROWS):
         read += 1
-        first_row = first_row or row.data
+        if not reasons:
+            first_row, first_index = row.data, row.index
         if row.data is None:
             reasons.append(("unreadable", row.error or "unreadable row"))
             continue
@@ -58,13 +60,15 @@ def check_first_rows(dataset: ResolvedDataset, config_source: str | None = None)
     if not reasons or len({reason for reason, _ in reasons}) != 1:
         return
     reason, message = reasons[0]
-    where = config_source or "the config"
+    # the row is in the file; the fix is in the config only when it is a setting to add
+    where = f"{local_path(dataset.settings)}, row {first_index + 1}"
     if reason == "missing_field":
         fix = _prompt_field_fix(dataset, first_row)
+        where += f"; the setting goes in {config_source or 'the config'}"
+    elif reason == "bad_schema":
+        fix = _FIXES[reason]
+        where += f"; the schema is set in {config_source or 'the config'}"
     else:
         fix = _FIXES.get(reason, "fix the rows")
-    rows = "row" if len(reasons) == 1 else f"{len(reasons)} rows"
-    raise DatasetError(
-        f"dataset {dataset.name}: its first {rows} all fail the same way: {message}; {fix} "
-        f"(in {where})"
-    )
+    rows = "row fails" if len(reasons) == 1 else f"{len(reasons)} rows all fail the same way"
+    raise DatasetError(f"dataset {dataset.name}: its first {rows}: {message}; {fix} (in {where})")

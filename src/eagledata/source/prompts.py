@@ -63,6 +63,11 @@ def _message(turn: Any, where: str, role_key: str, text_key: str, roles: dict[st
     if not isinstance(turn, dict):
         raise BadRowError(f"{where} is {type(turn).__name__}, not an object", reason="bad_schema")
     role = turn.get(role_key)
+    if role is None:
+        raise BadRowError(
+            f"{where} has no {role_key!r} (one of {', '.join(sorted(roles))})",
+            reason="unknown_role",
+        )
     if role not in roles:
         raise BadRowError(f"{where}.{role_key}: unknown role {role!r}", reason="unknown_role")
     content = turn.get(text_key)

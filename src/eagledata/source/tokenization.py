@@ -17,6 +17,7 @@ from typing import Any
 
 from eagledata.config import TokenizerSettings, resolve_bundled
 from eagledata.errors import BadRowError, PromptTooLongError, TokenizerError
+from eagledata.source.hub import unreachable_and_uncached
 from eagledata.source.prompts import Message
 
 
@@ -74,6 +75,10 @@ class PromptTokenizer:
 
         self.settings = settings
         source = resolve_bundled(settings.name)
+        if not Path(source).exists():  # a hub id
+            unreachable = unreachable_and_uncached(source, "model")
+            if unreachable is not None:
+                raise TokenizerError(f"cannot load tokenizer {settings.name!r}: {unreachable}")
         try:
             self._tokenizer = AutoTokenizer.from_pretrained(
                 source, revision=settings.revision, trust_remote_code=settings.trust_remote_code
