@@ -18,7 +18,7 @@ from eagledata.capacity.forecast import Flight, peak_quantile
 from eagledata.capacity.lane_state import LaneSample, Ticket
 from eagledata.capacity.lengths import RECENT, LengthModel, kaplan_meier
 from eagledata.config import LoadSettings
-from eagledata.run import pipeline, session_startup
+from eagledata.run import pipeline, session_open
 from eagledata.run.load_lanes import ServerPlan
 from eagledata.run.loadcontrol import LoadController
 from eagledata.rundir.lines import TelemetryLine
@@ -628,14 +628,14 @@ def test_a_resumed_run_starts_from_the_answer_lengths_its_records_hold(
     tokenizer_dir: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     seeded: list[tuple[int, int]] = []
-    real = session_startup.load_controller
+    real = session_open.load_controller
 
     async def spy(*args: Any, **kwargs: Any) -> LoadController:
         control = await real(*args, **kwargs)
         seeded.append((control.lengths.samples, control.lengths.estimate(100)))
         return control
 
-    monkeypatch.setattr(session_startup, "load_controller", spy)
+    monkeypatch.setattr(session_open, "load_controller", spy)
     with SimServerThread(engine(tokenizer_dir)) as sim:
         run_auto(sim, tmp_path / "run")
         summary = pipeline.resume(tmp_path / "run", progress=False)

@@ -71,7 +71,7 @@ class HoldAndRelease(Generic[T]):
         interval_s: float,
         max_held: int,
         max_hold_s: float = float("inf"),
-        release: Callable[[T], None],
+        release: Callable[[T], object],
         requeue: Callable[[T], None] | None = None,
     ) -> None:
         self.client = client

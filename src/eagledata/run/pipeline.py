@@ -14,10 +14,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from eagledata.config import AppConfig, field_key, format_validation_error
+from eagledata.config import AppConfig, FrozenSettings, field_key, format_validation_error
 from eagledata.errors import ConfigError, EagledataError, RunDirError
 from eagledata.run.progress import Summary
 from eagledata.run.session import Run
+from eagledata.run.session_state import SessionSettings
 from eagledata.rundir.manifest import RunDir
 from eagledata.simserver.demo import simulated_server
 from eagledata.source.dataset import ResolvedDataset, check_local_source
@@ -51,20 +52,19 @@ def _execute(
         existed = run_dir.exists()
         if existed:  # its rows are named as when it started (``ROW_ID_SCHEME``)
             mix = replace(mix, id_scheme=int(run_dir.read().get("row_id_scheme", 1)))
-        run = Run(config, mix, run_dir, progress)
+        frozen = FrozenSettings.of(config, mix.name, list(mix.members), mix.seed)
+        datasets: dict[str, Any] = {}
         if existed:
-            run_dir.check_frozen(run.frozen)
+            run_dir.check_frozen(frozen)
             _check_canary_frozen(run_dir, config)
             _check_datasets(run_dir, mix, config.run.limit)
             if retry_failed:
                 run_dir.requeue_failures()  # under the lock: no other process writes failures
         else:  # before the servers: a dataset that cannot be read costs no start-up
-            run.datasets = record_datasets(
-                out_dir, list(mix.members), config.run.limit, mix.id_scheme
-            )
+            datasets = record_datasets(out_dir, list(mix.members), config.run.limit, mix.id_scheme)
         with simulated_server(config) as live_config:
-            run.config = live_config
-            summary = run_until_done(run.execute())
+            settings = SessionSettings(live_config, mix, run_dir, frozen, progress, datasets)
+            summary = run_until_done(Run(settings).execute())
     except EagledataError as error:
         raise error.naming_run_dir(out_dir) from None
     finally:
