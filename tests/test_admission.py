@@ -16,9 +16,8 @@ import httpx
 import orjson
 
 from conftest import SAMPLES, make_config, sim_config
-from eagledata.capacity.controller import Lane
+from eagledata.capacity.controller import Lane, LaneSample, Ticket
 from eagledata.capacity.controller_settings import ControllerSettings
-from eagledata.capacity.lane_state import LaneSample, Ticket
 from eagledata.capacity.lengths import kaplan_meier
 from eagledata.config import LoadSettings
 from eagledata.run import pipeline

@@ -12,10 +12,9 @@ import orjson
 import pytest
 
 from conftest import SAMPLES, make_config, read_failures, read_records, sim_config, until
-from eagledata.capacity.controller import Lane, fallback_concurrency
+from eagledata.capacity.controller import Lane, LaneSample, Ticket, fallback_concurrency
 from eagledata.capacity.controller_settings import ControllerSettings
 from eagledata.capacity.forecast import Flight, peak_quantile
-from eagledata.capacity.lane_state import LaneSample, Ticket
 from eagledata.capacity.lengths import RECENT, LengthModel, kaplan_meier
 from eagledata.config import LoadSettings
 from eagledata.run import pipeline, session_open

@@ -11,10 +11,9 @@ from __future__ import annotations
 import asyncio
 import time
 
-from eagledata.capacity.controller import Lane
+from eagledata.capacity.controller import Lane, Ticket
 from eagledata.capacity.drain import lanes_to_skip
 from eagledata.capacity.forecast import new_draws
-from eagledata.capacity.lane_state import Ticket
 from eagledata.run.load_lanes import LaneSet, Waiter
 
 _UNGATED = object()

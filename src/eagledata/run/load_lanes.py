@@ -14,10 +14,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from eagledata.capacity.controller import Lane, initial_queue_target
+from eagledata.capacity.controller import Lane, Ticket, initial_queue_target
 from eagledata.capacity.controller_settings import ControllerSettings
 from eagledata.capacity.forecast import Floats
-from eagledata.capacity.lane_state import Ticket
 from eagledata.capacity.lengths import LengthModel
 from eagledata.config import LoadSettings
 from eagledata.rundir.lines import TelemetryLine

@@ -29,8 +29,7 @@ import contextlib
 import time
 from dataclasses import replace
 
-from eagledata.capacity.controller import Lane, fallback_concurrency
-from eagledata.capacity.lane_state import LaneSample
+from eagledata.capacity.controller import Lane, LaneSample, fallback_concurrency
 from eagledata.run.load_gate import LoadGate
 from eagledata.run.telemetry import forecast_usage, lane_entry
 from eagledata.rundir.lines import TelemetryLine
