@@ -34,6 +34,7 @@ from eagledata.quality.canary_stats import (
     trimmed_signed_mean,
 )
 from eagledata.run import pipeline
+from eagledata.rundir.lines import QualityLine
 from eagledata.rundir.status import run_status
 from eagledata.server.client import SGLangClient
 from eagledata.simserver import SimServerThread
@@ -425,8 +426,8 @@ def test_one_dp_rank_of_four_degraded_fails_its_own_verdict(tokenizer_dir: str) 
     lines: list[bytes] = []
 
     class Ledger:
-        def append(self, line: bytes) -> None:
-            lines.append(line)
+        def append(self, line: QualityLine) -> None:
+            lines.append(line.dump())
 
     # A mild fault (a tenth of the usual shift): a quarter of it is under the pooled floor.
     with SimServerThread(sim_config(tokenizer_dir, **NOISY, **dp, degrade_shift=0.006)) as sim:

@@ -22,6 +22,7 @@ from eagledata.quality.canary_scorer import CanaryScorer, Measured
 from eagledata.quality.canary_selfcheck import self_check
 from eagledata.quality.canary_stats import Rules, Scoring
 from eagledata.run import pipeline
+from eagledata.rundir.lines import QualityLine
 from eagledata.server.client import SGLangClient
 from eagledata.simserver import SimServerThread
 from eagledata.simserver.logprobs import Noise, score
@@ -57,8 +58,8 @@ def test_a_degradation_that_starts_at_any_scoring_refuses_the_baseline(
     lines: list[bytes] = []
 
     class Ledger:
-        def append(self, line: bytes) -> None:
-            lines.append(line)
+        def append(self, line: QualityLine) -> None:
+            lines.append(line.dump())
 
     with SimServerThread(sim_config(tokenizer_dir, **NOISY)) as sim:
 

@@ -112,10 +112,9 @@ class ShardWriter:
             self._next_seq += 1
             self._journal = Journal(path, self.fsync_interval_s)
             self._index = IndexBuilder(path.name)
-        line = record.dump()
-        self._journal.append(line)
+        line = self._journal.append(record)
         if self._index is not None:
-            self._index.add(line + b"\n", record.__dict__)
+            self._index.add(line, record.__dict__)
         if self._journal.lines >= self.shard_size:
             self._seal_current()
 
@@ -162,7 +161,7 @@ class FailureLog:
     def write(self, entry: FailureLine) -> None:
         if self.fingerprint is not None and entry.settings != self.fingerprint:
             entry = entry.model_copy(update={"settings": self.fingerprint})
-        self._journal.append(entry.dump())
+        self._journal.append(entry)
 
     def close(self) -> None:
         self._journal.close()

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from eagledata.errors import StorageError
+from eagledata.rundir.lines import Line
 
 SHARD_PATTERN = re.compile(r"^shard-(\d{6})\.jsonl$")
 
@@ -80,8 +81,10 @@ class Journal:
         self._last_sync = time.monotonic()
         self._dirty = False
 
-    def append(self, line: bytes) -> None:
-        data = line + b"\n"
+    def append(self, line: Line) -> bytes:
+        """Commit ``line`` (one of the line contract's kinds, ``rundir/lines.py``): its JSON
+        and newline by one ``write(2)``. Returns the bytes written, newline included."""
+        data = line.dump() + b"\n"
         try:
             written = os.write(self._fd, data)
             if written != len(data):  # a short write on a nearly full disk
@@ -97,6 +100,7 @@ class Journal:
             or time.monotonic() - self._last_sync >= self.fsync_interval_s
         ):
             self.sync()
+        return data
 
     def _truncate_to(self, size: int) -> None:
         # on failure, the torn tail is cut again when the journal is reopened
