@@ -51,7 +51,7 @@ def _execute(
     try:
         existed = run_dir.exists()
         if existed:  # its rows are named as when it started (``ROW_ID_SCHEME``)
-            mix = replace(mix, id_scheme=int(run_dir.read().get("row_id_scheme", 1)))
+            mix = replace(mix, id_scheme=run_dir.manifest().row_id_scheme)
         frozen = FrozenSettings.of(config, mix.name, list(mix.members), mix.seed)
         datasets: dict[str, Any] = {}
         if existed:
@@ -99,8 +99,8 @@ def _remove_unstarted(created: Path, run_dir: RunDir) -> bool:
 def _check_datasets(run_dir: RunDir, mix: Mix, row_limit: int | None) -> None:
     """The datasets the run was started with, row for row (``source/fingerprint.py``); rows
     added at their end are planned: the plan is read to its end again."""
-    stored = run_dir.read().get("datasets")
-    if not isinstance(stored, dict):
+    stored = run_dir.manifest().datasets
+    if stored is None:
         return  # a run started before datasets were recorded
     members = list(mix.members)
     updated, grew = check_datasets(run_dir.path, members, stored, row_limit, mix.id_scheme)
@@ -115,9 +115,9 @@ def _check_datasets(run_dir: RunDir, mix: Mix, row_limit: int | None) -> None:
 
 def _check_canary_frozen(run_dir: RunDir, config: AppConfig) -> None:
     """``--no-canary`` is chosen when a run starts and kept for its life."""
-    stored = run_dir.read().get("canary")
-    if isinstance(stored, dict) and stored.get("enabled") != config.canary.enabled:
-        was = "with the canary" if stored.get("enabled") else "with --no-canary"
+    stored = run_dir.manifest().canary
+    if stored is not None and stored.enabled != config.canary.enabled:
+        was = "with the canary" if stored.enabled else "with --no-canary"
         raise RunDirError(
             f"{run_dir.path} was started {was}; that choice is frozen: continue it with "
             "'eagledata resume RUN_DIR' or pass a new --out"
@@ -150,13 +150,12 @@ def resume(
     progress: bool = True,
 ) -> Summary:
     run_dir = RunDir(run_path)
-    manifest = run_dir.read()
-    if not isinstance(manifest.get("config"), dict):
+    manifest = run_dir.manifest()
+    if manifest.config is None:
         raise RunDirError(f"{run_path}/run.json lacks its settings; start a new run")
-    config = stored_config(run_dir, manifest["config"], server_urls, concurrency)
-    stored_canary = manifest.get("canary")
-    enabled = bool(stored_canary.get("enabled")) if isinstance(stored_canary, dict) else False
+    config = stored_config(run_dir, manifest.config, server_urls, concurrency)
     # A run from before the canary existed has none: resume keeps it that way.
+    enabled = manifest.canary_enabled
     config = config.model_copy(
         update={"canary": config.canary.model_copy(update={"enabled": enabled})}
     )

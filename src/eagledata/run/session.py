@@ -242,7 +242,7 @@ class Run:
             checks_s=self.checks_s,
             rate=totals.rates(time.time(), RECENT_WINDOW_S)[0].text(),
             failure_reasons=dict(totals.failure_reasons),
-            canary=canary_line(canary_summary(run_dir.path, run_dir.read()))
+            canary=canary_line(canary_summary(run_dir.path, run_dir.manifest()))
             if run_dir.exists()
             else "",
         )

@@ -52,7 +52,7 @@ def open_files(
     # so neither the tokenizer nor the dataset is read (every done id is a plan id, so the
     # counts decide it).
     all_done = (
-        (path / "plan.json").is_file() and planned is not None and len(totals.done_ids) >= planned
+        run_dir.plan_file() is not None and planned is not None and len(totals.done_ids) >= planned
     )
     # the plan's size before it is read to its end (a run that knows it does not ask again)
     estimate = (
