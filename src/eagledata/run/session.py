@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import sys
 import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+from eagledata import __version__
 from eagledata.quality.canary_prompts import canary_prompts
 from eagledata.run.attempts import ItemSender
 from eagledata.run.canary_setup import start_canary
@@ -35,10 +37,13 @@ from eagledata.run.signals import (
 from eagledata.run.turns import TurnSource
 from eagledata.run.watchdog import Watchdog, watchdog_bound, where_it_waits
 from eagledata.rundir.planstate import PlanStateBuilder
+from eagledata.rundir.runlog import run_log
 from eagledata.rundir.status import canary_line, canary_summary
 from eagledata.rundir.totals import RunTotals, scan_totals
 from eagledata.source.workitem import WorkItem
 from eagledata.tasks import TaskScope
+
+log = logging.getLogger(__name__)
 
 STARTUP_STOPPED = (
     "interrupted while starting (checking the servers, the canary's baseline): nothing was "
@@ -77,6 +82,15 @@ class Run:
         run_dir = self.settings.run_dir
         session: Session | None = None
         with contextlib.ExitStack() as stack:  # closes what the session opened, in reverse
+            stack.enter_context(run_log(run_dir.path))
+            log.info(
+                "session started (eagledata %s): %s into %s, servers %s, concurrency %s",
+                __version__,
+                self.settings.mix.name,
+                run_dir.path,
+                ", ".join(self.settings.config.server.urls),
+                self.settings.config.run.concurrency,
+            )
             files = open_files(self.settings, self.plan_state, stack)
             try:
                 with cancel_on_signals(self._on_startup_stop):
@@ -97,6 +111,17 @@ class Run:
             except asyncio.CancelledError:
                 if self.interrupted != STARTUP_STOPPED:
                     self.interrupted = "interrupted twice: in-flight requests abandoned"
+            except Exception as error:
+                log.error("session stopped: %s", error)
+                raise
+            if self.interrupted:
+                log.warning("session %s", self.interrupted)
+            log.info(
+                "session ended: %d records, %d failures, %d answer tokens this session",
+                self.counts.records,
+                self.counts.failures,
+                self.counts.tokens,
+            )
         plan = None if session is None else session.plan
         stopped = self.interrupted or (session is not None and session.scheduler.stopping)
         if plan is not None and plan.complete and not stopped:
@@ -173,10 +198,12 @@ class Run:
                 self.checks_s += time.monotonic() - flush_started
                 if scheduler.stopping or not redo:
                     return
-                session.progress.note(
+                again = (
                     f"generating {len(redo)} results again: their server went down "
                     "before a check could vouch for them"
                 )
+                log.warning("%s", again)
+                session.progress.note(again)
                 source = _iterate(list(redo))
                 redo.clear()
 
@@ -188,6 +215,7 @@ class Run:
         def report(idle_s: float, where: str) -> None:
             dump = write_task_dump(run_dir.path, "stalled")
             stacks = f"; every task's stack is in {dump}" if dump is not None else ""
+            log.warning("no progress for %.0f s: waiting on %s%s", idle_s, where, stacks)
             session.progress.note(
                 f"warning: no progress for {idle_s:.0f} s (no answer, record or check; the "
                 f"watchdog's bound is {bound:g} s): waiting on {where}{stacks}; the run goes on "
@@ -205,6 +233,7 @@ class Run:
         names = ", ".join(task.get_name() for task in tasks)
         dump = write_task_dump(self.settings.run_dir.path, "stuck")
         where = f"; every task's stack is in {dump}" if dump is not None else ""
+        log.warning("%s did not end within %g s of the run's end%s", names, TASK_SHUTDOWN_S, where)
         print(
             f"warning: {names} did not end within {TASK_SHUTDOWN_S:g} s of the run's end "
             f"and {'was' if len(tasks) == 1 else 'were'} abandoned{where}",
