@@ -69,7 +69,10 @@ class GenerationSettings(Strict):
         return params
 
 
-SchemaName = Literal["auto", "sharegpt", "messages", "prompt"]
+Schema = Literal["sharegpt", "messages", "prompt"]
+"""The row shapes a dataset may have (``source/prompts.py`` reads each)."""
+SchemaName = Literal["auto", Schema]
+"""A dataset's ``schema`` setting: one of them, or ``auto`` (found from the first row's fields)."""
 
 
 class DatasetSettings(Strict):
