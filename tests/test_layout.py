@@ -145,37 +145,31 @@ def test_one_atomic_write() -> None:
     assert not by_hand, by_hand
 
 
-def class_definitions() -> dict[tuple[str, str], ast.ClassDef]:
-    """(module, class name) -> its definition, for every class of the package."""
-    return {
-        (module, node.name): node
-        for module, path in source_modules().items()
-        for node in ast.parse(path.read_text()).body
-        if isinstance(node, ast.ClassDef)
-    }
+def parsed_modules() -> dict[str, ast.Module]:
+    """Every module of the package, parsed once."""
+    return {module: ast.parse(path.read_text()) for module, path in source_modules().items()}
 
 
-def imported_names(path: Path) -> dict[str, str]:
-    """The names ``path`` imports from eagledata modules: name -> the module it comes from."""
+def imported_names(tree: ast.Module) -> dict[str, str]:
+    """The names a module imports from eagledata modules: name -> the module it comes from."""
     names = {}
-    for node in ast.parse(path.read_text()).body:
+    for node in tree.body:
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("eagledata"):
             for alias in node.names:
                 names[alias.asname or alias.name] = node.module
     return names
 
 
-def defining_module(module: str, name: str, classes: dict[tuple[str, str], ast.ClassDef]) -> str:
+def defining_module(
+    module: str, name: str, trees: dict[str, ast.Module], classes: set[tuple[str, str]]
+) -> str:
     """Where ``name``, imported from ``module``, is defined (a package's ``__init__`` only
     re-exports what its modules define)."""
-    modules = source_modules()
     for _ in range(5):
         if (module, name) in classes:
             return module
-        init = modules.get(module) or modules.get(f"{module}.__init__")
-        if init is None:
-            return module
-        found = imported_names(init).get(name)
+        tree = trees.get(module) or trees.get(f"{module}.__init__")
+        found = None if tree is None else imported_names(tree).get(name)
         if found is None:
             return module
         module = found
@@ -195,16 +189,22 @@ def test_no_class_is_spread_over_modules() -> None:
     modules short). A base from elsewhere is fine when it is the error tree, when it carries
     no behaviour (a settings base such as ``Strict``: configuration only), or when it is a
     whole class used on its own that another specialises (``IdsRows`` and ``HfRows``)."""
-    classes = class_definitions()
+    trees = parsed_modules()
+    classes = {
+        (module, node.name): node
+        for module, tree in trees.items()
+        for node in tree.body
+        if isinstance(node, ast.ClassDef)
+    }
     sources = "\n".join(path.read_text() for path in source_modules().values())
     spread = []
     for (module, name), node in classes.items():
-        imports = imported_names(source_modules()[module])
+        imports = imported_names(trees[module])
         for base in node.bases:
             base_id = base_name(base)
             if base_id is None or base_id not in imports:
                 continue
-            home = defining_module(imports[base_id], base_id, classes)
+            home = defining_module(imports[base_id], base_id, trees, set(classes))
             definition = classes.get((home, base_id))
             if home == module or definition is None or home == "eagledata.errors":
                 continue
