@@ -53,7 +53,7 @@ def test_a_seal_that_fails_is_raised_and_nothing_committed_is_lost(
 
     monkeypatch.setattr(writer_module, "fsync_dir", full_disk)
     writer = ShardWriter(tmp_path, shard_size=2, fsync_interval_s=0)
-    with pytest.raises(StorageError, match="cannot seal .*the disk is full"):
+    with pytest.raises(StorageError, match=r"cannot seal .*the disk is full"):
         for n in range(50):
             writer.write(record(f"r{n}", [1], [2]))
             time.sleep(0.01)

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import orjson
+import pytest
 
 from conftest import SAMPLES, TOKENIZER, eagledata_cmd, read_records, sim_config
 from eagledata.run.holding import HOLD_TIME, HoldAndRelease
@@ -100,6 +101,7 @@ def test_without_a_time_bound_nothing_is_due() -> None:
     assert asyncio.run(main()) == []
 
 
+@pytest.mark.slow
 def test_a_crash_mid_run_keeps_what_waited_past_the_bound(
     tokenizer_dir: str, tmp_path: Path
 ) -> None:

@@ -592,6 +592,7 @@ def run_auto(sim: SimServerThread, out: Path, **sections: dict[str, Any]) -> Any
     return pipeline.generate(config, DATASET, out, progress=False)
 
 
+@pytest.mark.slow
 def test_auto_fills_the_pool_without_retraction_and_writes_everything_once(
     tokenizer_dir: str, tmp_path: Path
 ) -> None:
@@ -715,6 +716,7 @@ def test_the_controller_backs_off_on_a_real_retraction_and_a_503(tokenizer_dir: 
     assert gate.queue_cap() == 2
 
 
+@pytest.mark.slow
 def test_an_answer_that_ends_opens_the_gate_before_the_next_poll(tokenizer_dir: str) -> None:
     """The server frees an answer's KV before it replies, while its last sample still counts
     it: the request waiting for that room must not wait for the next poll to get in."""
