@@ -53,13 +53,13 @@ DISK_QUEUE = 8
 
 class DiskThread:
     """One thread that runs disk jobs in the order they were queued; ``close`` waits for them.
-    A job's failure stops the rest (they are skipped) and is raised to the owner."""
+    A job's failure stops the rest (they are skipped) and is raised to the owner. The thread
+    starts with the first job: a writer that never writes (or fails before) leaves none."""
 
     def __init__(self, name: str, bound: int = DISK_QUEUE) -> None:
         self._jobs: queue.Queue[Callable[[], None] | None] = queue.Queue(maxsize=bound)
         self._failure: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
 
     def _run(self) -> None:
         while (job := self._jobs.get()) is not None:
@@ -72,6 +72,8 @@ class DiskThread:
     def submit(self, job: Callable[[], None]) -> None:
         """Queue ``job``; blocks while ``bound`` jobs wait (the disk is the bottleneck)."""
         self.raise_failure()
+        if self._thread.ident is None:  # not started yet
+            self._thread.start()
         self._jobs.put(job)
 
     def raise_failure(self) -> None:
