@@ -13,8 +13,8 @@
 * httpx exceptions are translated here, by type, never by message text, into the error tree;
   status codes and bodies are read by ``answers``: ``RetryableItemError`` (try again),
   ``RejectedRequestError`` (the request itself is bad), ``ServerError`` (the run cannot go on).
-* The control calls (health, server facts, loads, router workers, abort) are its base class's,
-  ``ControlCalls`` (``control``); reviving servers marked down is here.
+* The control calls (health, server facts, loads, router workers, abort) are a ``ControlCalls``
+  it holds (``control``) and offers; reviving servers marked down is here.
 """
 
 from __future__ import annotations
