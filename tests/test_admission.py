@@ -14,11 +14,11 @@ from typing import Any
 
 import httpx
 import orjson
+import pytest
 
 from conftest import SAMPLES, make_config, sim_config
-from eagledata.capacity.controller import Lane
+from eagledata.capacity.controller import Lane, LaneSample, Ticket
 from eagledata.capacity.controller_settings import ControllerSettings
-from eagledata.capacity.lane_state import LaneSample, Ticket
 from eagledata.capacity.lengths import kaplan_meier
 from eagledata.config import LoadSettings
 from eagledata.run import pipeline
@@ -97,6 +97,7 @@ def test_every_answer_that_ends_admits_one_however_slow_the_poll() -> None:
 # --- the budget ---------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_fixed_concurrency_bounds_the_canary_and_the_run_together(
     tokenizer_dir: str, tmp_path: Path
 ) -> None:
@@ -153,6 +154,7 @@ def test_auto_gates_the_canary_on_its_lane_and_learns_nothing_from_it() -> None:
 # --- whole runs ---------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_auto_gets_no_503_from_a_server_that_reports_its_queue_cap(
     tokenizer_dir: str, tmp_path: Path
 ) -> None:
@@ -204,6 +206,7 @@ def server_process(config: SimConfig) -> Iterator[str]:
         proc.wait(timeout=30)
 
 
+@pytest.mark.slow
 def test_auto_keeps_up_with_a_fast_server_at_a_slow_poll(
     tokenizer_dir: str, tmp_path: Path
 ) -> None:

@@ -170,6 +170,7 @@ def test_a_dataset_of_an_unsupported_type(sim: SimServerThread, tmp_path: Path) 
     )
 
 
+@pytest.mark.slow
 def test_a_malformed_json_array_file(sim: SimServerThread, tmp_path: Path) -> None:
     broken = tmp_path / "broken.json"
     broken.write_text('[{"prompt": "a"}, {"prompt": ')

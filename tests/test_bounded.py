@@ -21,6 +21,7 @@ DATASET = str(SAMPLES / "prompts.jsonl")
 REQUEST_TIMEOUT_S = 4.0
 
 
+@pytest.mark.slow
 def test_one_sigterm_against_a_silent_server_ends_the_run_within_the_request_deadline(
     tokenizer_dir: str, tmp_path: Path
 ) -> None:
@@ -79,6 +80,7 @@ def test_one_sigterm_against_a_silent_server_ends_the_run_within_the_request_dea
 KEY = "sk-test-check-server"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", ["check-server", "plan"])
 def test_check_server_sends_the_api_key_like_every_other_command(
     tokenizer_dir: str, tmp_path: Path, command: str

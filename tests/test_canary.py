@@ -35,6 +35,7 @@ from eagledata.quality.canary_stats import (
     trimmed_signed_mean,
 )
 from eagledata.run import pipeline
+from eagledata.rundir.lines import QualityLine
 from eagledata.rundir.status import run_status
 from eagledata.server.client import SGLangClient
 from eagledata.simserver import SimServerThread
@@ -82,6 +83,7 @@ async def _baseline(url: str, settings: CanarySettings) -> tuple[SGLangClient, B
 # --- no false alarm ----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_many_checks_against_a_noisy_healthy_server_never_fire(tokenizer_dir: str) -> None:
     """bf16 batch noise on every logit and MoE routing flips on 1% of positions: 25 checks over
     HTTP, each compared with thresholds derived from the baseline's own noise, none fires."""
@@ -196,6 +198,7 @@ def _simulated_scoring(baseline: Baseline, rng: Any, *, degraded: bool) -> Scori
     return Scoring(np.concatenate(lps), np.concatenate(ids), np.concatenate(top), reference_greedy)
 
 
+@pytest.mark.slow
 def test_a_long_run_checks_often_and_every_check_passes(tokenizer_dir: str, tmp_path: Path) -> None:
     out = tmp_path / "run"
     with SimServerThread(sim_config(tokenizer_dir, latency_s=0.1, **NOISY)) as sim:
@@ -234,6 +237,7 @@ def test_a_long_run_checks_often_and_every_check_passes(tokenizer_dir: str, tmp_
     assert len({r["id"] for r in records}) == len(records) == 160
 
 
+@pytest.mark.slow
 def test_a_run_on_a_dp_server_scores_every_check_warm(tokenizer_dir: str, tmp_path: Path) -> None:
     """A whole run against a DP server: the canary takes the ranks from the server's facts and
     its pinned requests are accepted beside the run's own traffic (a rank out of range would be
@@ -261,6 +265,7 @@ def test_a_run_on_a_dp_server_scores_every_check_warm(tokenizer_dir: str, tmp_pa
 # --- silent degradation ------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_silent_degradation_mid_run_stops_with_nothing_degraded_landing(
     tokenizer_dir: str, tmp_path: Path
 ) -> None:
@@ -305,6 +310,7 @@ def test_silent_degradation_mid_run_stops_with_nothing_degraded_landing(
     assert len({r["id"] for r in records}) == len(records) == 160
 
 
+@pytest.mark.slow
 def test_a_server_degraded_from_its_first_request_is_refused_on_resume(
     tokenizer_dir: str, tmp_path: Path
 ) -> None:
@@ -367,6 +373,7 @@ def test_a_canary_without_warm_up_is_blind_to_a_degraded_cache(tokenizer_dir: st
     assert warm_fires  # sees it
 
 
+@pytest.mark.slow
 def test_on_a_dp_server_each_warm_up_and_its_scoring_share_a_rank(tokenizer_dir: str) -> None:
     """Each DP rank has a radix cache of its own, and SGLang sends unpinned requests round robin:
     beside other traffic a reference's warm-up and its scoring land on different ranks and the
@@ -394,6 +401,7 @@ def test_on_a_dp_server_each_warm_up_and_its_scoring_share_a_rank(tokenizer_dir:
     assert fires
 
 
+@pytest.mark.slow
 def test_a_fault_on_one_dp_rank_is_caught(tokenizer_dir: str) -> None:
     """The references go round the ranks, so a rank that degrades alone moves its share of them
     (here half), and the check fires on it."""
@@ -418,6 +426,7 @@ def test_a_fault_on_one_dp_rank_is_caught(tokenizer_dir: str) -> None:
         assert asyncio.run(main())
 
 
+@pytest.mark.slow
 def test_one_dp_rank_of_four_degraded_fails_its_own_verdict(tokenizer_dir: str) -> None:
     """Pooled over four ranks, one degraded rank moves a quarter of the references and stays
     under the pooled thresholds; compared on its own share of the baseline it fires, the
@@ -426,8 +435,8 @@ def test_one_dp_rank_of_four_degraded_fails_its_own_verdict(tokenizer_dir: str) 
     lines: list[bytes] = []
 
     class Ledger:
-        def append(self, line: bytes) -> None:
-            lines.append(line)
+        def append(self, line: QualityLine) -> None:
+            lines.append(line.dump())
 
     # A mild fault (a tenth of the usual shift): a quarter of it is under the pooled floor.
     with SimServerThread(sim_config(tokenizer_dir, **NOISY, **dp, degrade_shift=0.006)) as sim:
@@ -461,6 +470,7 @@ def test_one_dp_rank_of_four_degraded_fails_its_own_verdict(tokenizer_dir: str) 
         assert [r["rank"] for r in check["ranks"] if r["fired"]] == [3]
 
 
+@pytest.mark.slow
 def test_calibration_against_a_dp_server_reports_each_rank(
     tokenizer_dir: str, tmp_path: Path
 ) -> None:
@@ -572,6 +582,7 @@ def test_a_malformed_top_logprob_is_one_line_not_a_crash(tokenizer_dir: str, ent
     assert str(refused).startswith(f"{sim.url}: a canary scoring came back malformed (")
 
 
+@pytest.mark.slow
 def test_the_canary_command_records_a_baseline_that_runs_share(
     tokenizer_dir: str, tmp_path: Path
 ) -> None:
@@ -651,6 +662,7 @@ def test_no_canary_is_frozen_in_run_json_and_shown_by_status(
     assert not (out / "quality.jsonl").exists()
 
 
+@pytest.mark.slow
 def test_a_server_restarted_degraded_is_caught_by_the_reconnect_check(
     tokenizer_dir: str, tmp_path: Path
 ) -> None:

@@ -22,6 +22,7 @@ from eagledata.quality.canary_scorer import CanaryScorer, Measured
 from eagledata.quality.canary_selfcheck import self_check
 from eagledata.quality.canary_stats import Rules, Scoring
 from eagledata.run import pipeline
+from eagledata.rundir.lines import QualityLine
 from eagledata.server.client import SGLangClient
 from eagledata.simserver import SimServerThread
 from eagledata.simserver.logprobs import Noise, score
@@ -57,8 +58,8 @@ def test_a_degradation_that_starts_at_any_scoring_refuses_the_baseline(
     lines: list[bytes] = []
 
     class Ledger:
-        def append(self, line: bytes) -> None:
-            lines.append(line)
+        def append(self, line: QualityLine) -> None:
+            lines.append(line.dump())
 
     with SimServerThread(sim_config(tokenizer_dir, **NOISY)) as sim:
 
@@ -86,6 +87,7 @@ def test_a_degradation_that_starts_at_any_scoring_refuses_the_baseline(
     assert all(entry["reason"] and entry["kind"] == "baseline" for entry in logged)
 
 
+@pytest.mark.slow
 def test_a_healthy_noisy_server_records_a_baseline_whose_self_check_passes(
     tokenizer_dir: str,
 ) -> None:
@@ -107,6 +109,7 @@ def test_a_healthy_noisy_server_records_a_baseline_whose_self_check_passes(
     assert abs(float(np.mean(baseline.reference.lps - sampled))) < 0.01
 
 
+@pytest.mark.slow
 def test_a_server_that_degrades_mid_baseline_stops_the_run_before_any_record(
     tokenizer_dir: str, tmp_path: Path
 ) -> None:
@@ -176,6 +179,7 @@ def _offline_scoring(references: list[tuple[list[int], list[int]]], rng: Any) ->
     return Scoring(np.concatenate(lps), np.concatenate(ids), np.concatenate(tops), greedy)
 
 
+@pytest.mark.slow
 def test_healthy_baselines_with_batch_noise_are_never_refused() -> None:
     """200 baselines of the tests' small canary (6 x 48 tokens, 3 idle and 2 loaded scorings,
     and the references' sampling) drawn from the simulator's model with its batch noise and
@@ -197,6 +201,7 @@ def test_healthy_baselines_with_batch_noise_are_never_refused() -> None:
     assert refused == []
 
 
+@pytest.mark.slow
 def test_a_two_scoring_baseline_of_a_healthy_server_is_never_refused() -> None:
     """The fewest scorings a baseline takes (one idle, one loaded) leave one pair of scorings:
     too thin a noise estimate to judge the references as sampled against (a healthy 4 x 24

@@ -237,12 +237,14 @@ def test_missing_config_file(tmp_path: Path) -> None:
     assert message == f"config file {missing} not found; pass --config FILE"
 
 
+@pytest.mark.slow
 def test_bad_config_value(sim: SimServerThread, tmp_path: Path) -> None:
     config = config_file(tmp_path, sim.url, "[run]\nconcurrency = 0\n")
     message = one_error_line(cli("generate", "--config", str(config), "--dataset", SHAREGPT), 2)
     assert message == f"{config}: run.concurrency: must be 'auto' or an integer from 1 to 65536"
 
 
+@pytest.mark.slow
 def test_unreachable_server(tmp_path: Path) -> None:
     with socket.socket() as sock:  # a port nobody listens on
         sock.bind(("127.0.0.1", 0))
@@ -277,6 +279,7 @@ def test_resume_of_a_directory_that_is_no_run(tmp_path: Path) -> None:
 # --- several servers ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_server_may_repeat(tokenizer_dir: str, tmp_path: Path) -> None:
     with (
         SimServerThread(sim_config(tokenizer_dir, latency_s=0.02)) as first,

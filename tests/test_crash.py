@@ -135,6 +135,7 @@ def assert_faithful(out: Path, server: SimServerThread, prompt_tokenizer: Any) -
         assert record["finish_reason"] == finish_reason["type"]
 
 
+@pytest.mark.slow
 def test_kill_9_at_random_moments_then_resume_is_exactly_once(
     busy_sim: SimServerThread, prompt_tokenizer: Any, tmp_path: Path
 ) -> None:
@@ -207,6 +208,7 @@ def test_kill_9_at_random_moments_then_resume_is_exactly_once(
     print(f"kills survived: {kills}, torn tails repaired: {torn}, items: {len(ids)}")
 
 
+@pytest.mark.slow
 def test_ctrl_c_drains_in_flight_work_and_exits_130(
     tokenizer_dir: str, prompt_tokenizer: Any, tmp_path: Path
 ) -> None:
@@ -236,6 +238,7 @@ def test_ctrl_c_drains_in_flight_work_and_exits_130(
         assert_faithful(out, fast, prompt_tokenizer)
 
 
+@pytest.mark.slow
 def test_a_second_ctrl_c_abandons_in_flight_work_and_aborts_it(
     tokenizer_dir: str, prompt_tokenizer: Any, tmp_path: Path
 ) -> None:
@@ -322,6 +325,7 @@ def test_changed_settings_are_refused_naming_the_keys(
     )
 
 
+@pytest.mark.slow
 def test_a_second_process_on_the_same_run_dir_is_refused(
     tokenizer_dir: str, tmp_path: Path
 ) -> None:

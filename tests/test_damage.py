@@ -216,6 +216,7 @@ def test_deleting_the_lock_file_does_not_let_a_second_process_in(tmp_path: Path)
     RunDir(tmp_path / "run").lock()  # free once the first lets go
 
 
+@pytest.mark.slow
 def test_deleting_the_lock_file_during_a_run_does_not_let_resume_in(
     tokenizer_dir: str, tmp_path: Path
 ) -> None:

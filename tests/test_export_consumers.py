@@ -37,7 +37,7 @@ from trainerkit import (
 )
 
 # The first test to need the venv builds it (a minute or two, once per machine: README).
-pytestmark = pytest.mark.timeout(1800)
+pytestmark = [pytest.mark.timeout(1800), pytest.mark.slow]  # the trainers' own environments
 
 
 @pytest.fixture(scope="module")

@@ -73,6 +73,7 @@ def test_another_model_is_refused_naming_the_setting_and_its_file(
     assert caught.value.exit_code == 4
 
 
+@pytest.mark.slow
 def test_resume_against_another_model_says_the_model_is_frozen(
     tmp_path: Path, tokenizer_dir: str
 ) -> None:

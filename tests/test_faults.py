@@ -363,6 +363,7 @@ RETRIED_REASONS = {"http_500", "http_503", "connection_lost", "server_abort", "t
 # --- server down, restarted, several servers ----------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_server_restart_mid_run_does_not_end_the_run(
     tokenizer_dir: str, prompt_tokenizer: Any, tmp_path: Path
 ) -> None:
@@ -390,6 +391,7 @@ def test_a_server_restart_mid_run_does_not_end_the_run(
     assert summary.left == 0 and summary.failed == 0
 
 
+@pytest.mark.slow
 def test_past_the_down_deadline_the_run_stops_resumably(
     tokenizer_dir: str, prompt_tokenizer: Any, tmp_path: Path
 ) -> None:
@@ -459,6 +461,7 @@ def test_a_dead_servers_work_moves_to_the_others(
     assert {r["server"] for r in late} == {survivor.url}
 
 
+@pytest.mark.slow
 def test_a_dead_server_that_comes_back_gets_work_again(
     tokenizer_dir: str, prompt_tokenizer: Any, tmp_path: Path
 ) -> None:

@@ -90,6 +90,7 @@ def _starts_word(tok: Any) -> Any:
     return lambda token: tok.decode([token])[:1].isspace()
 
 
+@pytest.mark.slow
 def test_recall_and_false_positive_rate_on_hand_made_answers(
     detector: FlagDetector, prompt_tokenizer: Any
 ) -> None:

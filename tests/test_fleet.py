@@ -176,6 +176,7 @@ def test_launch_server_router_refuses_an_fp8_worker_by_name(tokenizer_dir: str) 
     assert served == 0  # checked by its /server_info; nothing generated
 
 
+@pytest.mark.slow
 def test_one_job_over_the_fleet_checks_every_worker_with_the_guard_and_the_canary(
     two_workers: list[SimServerThread], tmp_path: Path
 ) -> None:
@@ -202,6 +203,7 @@ def test_one_job_over_the_fleet_checks_every_worker_with_the_guard_and_the_canar
     assert all(line["verdict"] == "pass" and line["cold"] == 0 for line in scored)
 
 
+@pytest.mark.slow
 def test_a_worker_switched_to_fp8_behind_the_fleet_is_refused_by_name(
     two_workers: list[SimServerThread], tmp_path: Path
 ) -> None:
@@ -217,6 +219,7 @@ def test_a_worker_switched_to_fp8_behind_the_fleet_is_refused_by_name(
     assert not read_records(tmp_path / "run")
 
 
+@pytest.mark.slow
 def test_a_worker_degraded_behind_the_fleet_is_caught_by_the_canary_by_name(
     two_workers: list[SimServerThread], tmp_path: Path
 ) -> None:
@@ -257,6 +260,7 @@ def test_a_worker_degraded_behind_the_fleet_is_caught_by_the_canary_by_name(
     assert (last["server"], last["via"], last["verdict"]) == (second.url, url, "drift")
 
 
+@pytest.mark.slow
 def test_a_term_to_launch_server_stops_its_router(two_workers: list[SimServerThread]) -> None:
     """What scancel and the end of a SLURM job send: the router must not outlive it (the
     context manager checks its port is closed)."""

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import orjson
+import pytest
 
 from conftest import SAMPLES, TOKENIZER, eagledata_cmd, read_records, sim_config
 from eagledata.run.holding import HOLD_TIME, HoldAndRelease
@@ -139,6 +140,7 @@ def test_the_hold_state_names_the_check_results_wait_for_and_when_it_runs() -> N
     assert asyncio.run(main()) == ["", "12 canary check 40", "canary check 10", "releasing"]
 
 
+@pytest.mark.slow
 def test_a_crash_mid_run_keeps_what_waited_past_the_bound(
     tokenizer_dir: str, tmp_path: Path
 ) -> None:

@@ -18,6 +18,8 @@ import pytest
 
 from conftest import REPO
 
+pytestmark = pytest.mark.slow  # builds and installs the wheel
+
 BUILD_INPUTS = (
     "src",
     "configs",

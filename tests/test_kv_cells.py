@@ -21,6 +21,8 @@ import sglangkit
 from eagledata.profiles.kv import KVModel
 from eagledata.profiles.releases import get_release
 
+pytestmark = pytest.mark.slow  # SGLang 0.5.23's own code, run in the release's environment
+
 FIXTURES = Path(__file__).with_name("fixtures") / "models"
 MODELS = ("llama-3.1-8b", "qwen3-30b-a3b", "deepseek-v3", "gpt-oss-120b")
 

@@ -1,4 +1,5 @@
-"""The package shows its architecture, and its imports go one way (docs/architecture.md).
+"""The package shows its architecture, its imports go one way, and each class is read in one
+module (docs/architecture.md).
 
 Every package and top-level module has a layer of its own, lowest first; a module may import its
 own package or a lower layer, never a higher one, and nothing outside ``cli`` imports it. One
@@ -10,6 +11,7 @@ would go unseen.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import eagledata
@@ -164,18 +166,73 @@ def test_one_atomic_write() -> None:
     assert not by_hand, by_hand
 
 
-MAX_LINES = 400
-"""A module longer than this does several jobs: split it where the jobs meet."""
+def parsed_modules() -> dict[str, ast.Module]:
+    """Every module of the package, parsed once."""
+    return {module: ast.parse(path.read_text()) for module, path in source_modules().items()}
 
 
-def test_no_module_over_400_lines_unless_it_says_it_is_a_data_contract() -> None:
-    """One job per module. The one exception is data kept whole on purpose (the line contract:
-    one class per kind of line, read in one place), and its docstring must say so."""
-    long = []
-    for module, path in source_modules().items():
-        if len(path.read_text().splitlines()) <= MAX_LINES:
-            continue
-        docstring = ast.get_docstring(ast.parse(path.read_text())) or ""
-        if "data contract, kept in one module on purpose" not in docstring:
-            long.append(f"{module}: {len(path.read_text().splitlines())} lines")
-    assert not long, "split these where their jobs meet:\n" + "\n".join(long)
+def imported_names(tree: ast.Module) -> dict[str, str]:
+    """The names a module imports from eagledata modules: name -> the module it comes from."""
+    names = {}
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("eagledata"):
+            for alias in node.names:
+                names[alias.asname or alias.name] = node.module
+    return names
+
+
+def defining_module(
+    module: str, name: str, trees: dict[str, ast.Module], classes: set[tuple[str, str]]
+) -> str:
+    """Where ``name``, imported from ``module``, is defined (a package's ``__init__`` only
+    re-exports what its modules define)."""
+    for _ in range(5):
+        if (module, name) in classes:
+            return module
+        tree = trees.get(module) or trees.get(f"{module}.__init__")
+        found = None if tree is None else imported_names(tree).get(name)
+        if found is None:
+            return module
+        module = found
+    return module
+
+
+def base_name(base: ast.expr) -> str | None:
+    """``Base`` or ``Base[T]`` -> ``"Base"``."""
+    if isinstance(base, ast.Subscript):
+        base = base.value
+    return base.id if isinstance(base, ast.Name) else None
+
+
+def test_no_class_is_spread_over_modules() -> None:
+    """A class is read in one module: none builds on a base from another module that exists
+    only to be built on (a mixin, a state base, a chain of partial classes split to keep
+    modules short). A base from elsewhere is fine when it is the error tree, when it carries
+    no behaviour (a settings base such as ``Strict``: configuration only), or when it is a
+    whole class used on its own that another specialises (``IdsRows`` and ``HfRows``)."""
+    trees = parsed_modules()
+    classes = {
+        (module, node.name): node
+        for module, tree in trees.items()
+        for node in tree.body
+        if isinstance(node, ast.ClassDef)
+    }
+    sources = "\n".join(path.read_text() for path in source_modules().values())
+    spread = []
+    for (module, name), node in classes.items():
+        imports = imported_names(trees[module])
+        for base in node.bases:
+            base_id = base_name(base)
+            if base_id is None or base_id not in imports:
+                continue
+            home = defining_module(imports[base_id], base_id, trees, set(classes))
+            definition = classes.get((home, base_id))
+            if home == module or definition is None or home == "eagledata.errors":
+                continue
+            behaviour = any(
+                isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef) for item in definition.body
+            )
+            used_alone = re.search(rf"(?<!class )\b{base_id}(\[[^\]]*\])?\(", sources) is not None
+            if behaviour and not used_alone:
+                spread.append(f"{module}.{name} builds on {home}.{base_id}")
+    assert not spread, "one class, one module (compose instead):\n" + "\n".join(spread)

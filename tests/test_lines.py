@@ -25,6 +25,7 @@ from eagledata.rundir.lines import (
 from eagledata.simserver import SimServerThread
 
 
+@pytest.mark.slow
 def test_every_file_of_a_real_run_parses_line_by_line_as_its_model(
     tokenizer_dir: str, tmp_path: Path
 ) -> None:

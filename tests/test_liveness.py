@@ -160,6 +160,7 @@ def test_the_watchdog_bound_comes_from_the_settings_unless_set(tmp_path: Path) -
     assert watchdog_bound(set_by_hand) == 7.5
 
 
+@pytest.mark.slow
 def test_a_server_that_stops_answering_mid_run_gets_a_dump_and_the_run_goes_on(
     tokenizer_dir: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

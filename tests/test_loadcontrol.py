@@ -12,13 +12,12 @@ import orjson
 import pytest
 
 from conftest import SAMPLES, make_config, read_failures, read_records, sim_config, until
-from eagledata.capacity.controller import Lane, fallback_concurrency
+from eagledata.capacity.controller import Lane, LaneSample, Ticket, fallback_concurrency
 from eagledata.capacity.controller_settings import ControllerSettings
 from eagledata.capacity.forecast import Flight, peak_quantile
-from eagledata.capacity.lane_state import LaneSample, Ticket
 from eagledata.capacity.lengths import RECENT, LengthModel, kaplan_meier
 from eagledata.config import LoadSettings
-from eagledata.run import pipeline, session_startup
+from eagledata.run import pipeline, session_open
 from eagledata.run.load_lanes import ServerPlan
 from eagledata.run.loadcontrol import LoadController
 from eagledata.rundir.lines import TelemetryLine
@@ -593,6 +592,7 @@ def run_auto(sim: SimServerThread, out: Path, **sections: dict[str, Any]) -> Any
     return pipeline.generate(config, DATASET, out, progress=False)
 
 
+@pytest.mark.slow
 def test_auto_fills_the_pool_without_retraction_and_writes_everything_once(
     tokenizer_dir: str, tmp_path: Path
 ) -> None:
@@ -628,14 +628,14 @@ def test_a_resumed_run_starts_from_the_answer_lengths_its_records_hold(
     tokenizer_dir: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     seeded: list[tuple[int, int]] = []
-    real = session_startup.load_controller
+    real = session_open.load_controller
 
     async def spy(*args: Any, **kwargs: Any) -> LoadController:
         control = await real(*args, **kwargs)
         seeded.append((control.lengths.samples, control.lengths.estimate(100)))
         return control
 
-    monkeypatch.setattr(session_startup, "load_controller", spy)
+    monkeypatch.setattr(session_open, "load_controller", spy)
     with SimServerThread(engine(tokenizer_dir)) as sim:
         run_auto(sim, tmp_path / "run")
         summary = pipeline.resume(tmp_path / "run", progress=False)
@@ -716,6 +716,7 @@ def test_the_controller_backs_off_on_a_real_retraction_and_a_503(tokenizer_dir: 
     assert gate.queue_cap() == 2
 
 
+@pytest.mark.slow
 def test_an_answer_that_ends_opens_the_gate_before_the_next_poll(tokenizer_dir: str) -> None:
     """The server frees an answer's KV before it replies, while its last sample still counts
     it: the request waiting for that room must not wait for the next poll to get in."""

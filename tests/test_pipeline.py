@@ -218,26 +218,26 @@ def test_answers_are_read_as_they_arrive_not_when_a_check_releases_them(
     answers (measured: the gate admitted nothing meanwhile, and the server ran down to 2 of 20
     requests). Every answer is read once, before it is held; a release only writes."""
     from eagledata.quality.flags import FlagDetector
-    from eagledata.run.session_items import SessionItems
+    from eagledata.run.records import Recorder
 
     releasing = False
     read_while_releasing: list[bool] = []
-    flags, release = FlagDetector.flags, SessionItems._release
+    flags, commit = FlagDetector.flags, Recorder.commit
 
     def reading(self: FlagDetector, **kwargs: Any) -> list[str]:
         read_while_releasing.append(releasing)
         return flags(self, **kwargs)
 
-    def releasing_one(self: SessionItems, *args: Any) -> None:
+    def releasing_one(self: Recorder, *args: Any) -> Any:
         nonlocal releasing
         releasing = True
         try:
-            release(self, *args)
+            return commit(self, *args)
         finally:
             releasing = False
 
     monkeypatch.setattr(FlagDetector, "flags", reading)
-    monkeypatch.setattr(SessionItems, "_release", releasing_one)
+    monkeypatch.setattr(Recorder, "commit", releasing_one)
     out = tmp_path / "run"
     config = make_config([sim.url], out, server={"guard_max_held": 16})
     summary = pipeline.generate(config, str(SAMPLES / "prompts.jsonl"), None, progress=False)

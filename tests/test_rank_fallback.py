@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 
 from conftest import SAMPLES, make_config, read_records, sim_config
-from eagledata.capacity.lane_state import Ticket
+from eagledata.capacity.controller import Ticket
 from eagledata.config import LoadSettings
 from eagledata.run import pipeline
 from eagledata.run.load_lanes import ServerPlan

@@ -220,6 +220,7 @@ CANARY = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("version", VERSIONS)
 def test_a_dp_attention_run_feeds_all_four_ranks_and_the_canary_scores_each(
     tokenizer_dir: str, tmp_path: Path, version: str

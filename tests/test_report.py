@@ -85,6 +85,7 @@ def copy_run(source: Path, target: Path) -> Path:
     return target
 
 
+@pytest.mark.slow
 def test_report_holds_every_section_and_the_numbers_of_status(sim_run: Path) -> None:
     page = page_of(sim_run)
     assert (sim_run / "report.html").is_file()
@@ -142,6 +143,7 @@ def test_report_holds_every_section_and_the_numbers_of_status(sim_run: Path) -> 
     assert failed.startswith(f"{status['failed']:,} failed and {status['skipped']:,} skipped")
 
 
+@pytest.mark.slow
 def test_fixture_canary_and_telemetry_are_drawn_with_their_thresholds(
     sim_run: Path, tmp_path: Path
 ) -> None:
@@ -222,6 +224,7 @@ def test_the_record_reader_finds_exactly_what_a_full_parse_finds(sim_run: Path) 
     assert record_fields(orjson.dumps(tricky))["flags"] == ["degenerate", "unbalanced_think"]
 
 
+@pytest.mark.slow
 def test_reads_committed_lines_only_and_a_shard_sealed_mid_read_once(
     sim_run: Path, tmp_path: Path
 ) -> None:
@@ -289,6 +292,7 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 def test_cli_writes_the_report_and_fails_in_one_line(sim_run: Path, tmp_path: Path) -> None:
     out = tmp_path / "r.html"
     result = cli("report", str(sim_run), "--out", str(out))

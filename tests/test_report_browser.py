@@ -22,6 +22,8 @@ from eagledata.run import pipeline
 from eagledata.simserver import SimServerThread
 from report_fixtures import spread_in_time, write_canary, write_telemetry
 
+pytestmark = pytest.mark.slow  # a real browser
+
 ARTIFACTS = REPO / "test-artifacts"
 
 CONTROL = """<!DOCTYPE html><html><body>

@@ -38,6 +38,8 @@ from eagledata.rundir.verify import verify_run
 from eagledata.server.verdict import REFUSAL_FIX
 from eagledata.simserver import SimServerThread, expected_output
 
+pytestmark = pytest.mark.slow  # a real sglang-router in front of simulated workers
+
 pytest.importorskip(
     "sglang_router", reason="sglang-router is not installed (pip install sglang-router==0.3.2)"
 )

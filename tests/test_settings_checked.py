@@ -45,6 +45,7 @@ def config_file(tmp_path: Path, url: str, run: str = "") -> Path:
         (None, "concurrency = -5"),
     ],
 )
+@pytest.mark.slow
 def test_a_bad_concurrency_is_one_line_before_the_run_starts(
     tmp_path: Path, flag: str | None, toml: str
 ) -> None:
@@ -60,6 +61,7 @@ def test_a_bad_concurrency_is_one_line_before_the_run_starts(
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_max_new_tokens_past_the_servers_context_is_one_line_before_anything_is_frozen(
     tokenizer_dir: str, tmp_path: Path
 ) -> None:
@@ -118,6 +120,7 @@ def edit_run_json(out: Path, section: str, key: str, value: object, where: str =
     (out / "run.json").write_bytes(orjson.dumps(manifest))
 
 
+@pytest.mark.slow
 def test_a_frozen_concurrency_this_release_refuses_never_blocks_resume(
     finished_run: tuple[Path, SimServerThread],
 ) -> None:
@@ -142,6 +145,7 @@ def test_a_frozen_concurrency_this_release_refuses_never_blocks_resume(
         sim.stop()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", ["config", "frozen"])
 def test_a_frozen_data_setting_this_release_refuses_is_named(
     finished_run: tuple[Path, SimServerThread], where: str

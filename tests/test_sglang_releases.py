@@ -46,6 +46,8 @@ from eagledata.server.loads import METRIC_NAMES
 from eagledata.server.serverfacts import BOTH_PIN_FIELDS, ServerFacts
 from eagledata.simserver import SimServerThread
 
+pytestmark = pytest.mark.slow  # each SGLang release's own environment, probed
+
 PROFILES = load_profiles(profiles_dir=REPO / "configs" / "profiles")
 RELEASES = releases()
 MATRIX_DOC = REPO / "docs" / "sglang.md"

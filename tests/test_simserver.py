@@ -265,6 +265,7 @@ def test_kv_pool_queues_and_queue_full_gives_503() -> None:
         assert sim.stats()["outcomes"]["queue_full"] == 1
 
 
+@pytest.mark.slow
 def test_abort_request_aborts_every_rid_with_that_prefix() -> None:
     with fresh(latency_s=3.0) as sim:  # long enough to be aborted half-way on a busy machine
         params = {"max_new_tokens": 50, "ignore_eos": True}
@@ -292,6 +293,7 @@ def test_abort_request_aborts_every_rid_with_that_prefix() -> None:
         assert job2["meta_info"]["finish_reason"] == {"type": "length", "length": 50}
 
 
+@pytest.mark.slow
 def test_flush_cache_refused_while_running() -> None:
     with fresh(latency_s=3.0) as sim:
 

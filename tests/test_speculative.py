@@ -351,6 +351,7 @@ def test_a_plain_server_has_no_speculative_keys(sim: SimServerThread) -> None:
 # --- losslessness is checked, not taken on faith ---------------------------------------------
 
 
+@pytest.mark.slow
 def test_the_canary_runs_unchanged_against_a_speculative_server(
     tokenizer_dir: str, tmp_path: Path
 ) -> None:

@@ -9,9 +9,8 @@ from dataclasses import fields
 
 import pytest
 
-from eagledata.capacity.controller import Lane
+from eagledata.capacity.controller import Lane, LaneSample
 from eagledata.capacity.controller_settings import ControllerSettings
-from eagledata.capacity.lane_state import LaneSample
 from eagledata.run.telemetry import lane_entry
 from eagledata.rundir.lines import TelemetryLine
 from eagledata.server.loads import (

@@ -538,6 +538,7 @@ def committed(out: Path) -> list[str]:
     return [r["id"] for r in read_records(out)] + [f["id"] for f in read_failures(out)]
 
 
+@pytest.mark.slow
 def test_kill_9_twice_mid_conversation_then_resume_gives_every_turn_once(
     tokenizer_dir: str, prompt_tokenizer: PromptTokenizer, tmp_path: Path
 ) -> None:

@@ -7,9 +7,14 @@ docs/library.md) lives in ``eagledata.library``; its names are loaded here on fi
 
 from __future__ import annotations
 
+import logging as _logging
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
+
+# A library logs, the application decides where: nothing reaches stderr from eagledata's loggers
+# unless a handler is added (a session adds its run directory's run.log, rundir/runlog.py).
+_logging.getLogger("eagledata").addHandler(_logging.NullHandler())
 
 LIBRARY_NAMES = (
     "ProgressEvent",

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from eagledata.capacity.lengths import SurvivalCurve
+from eagledata.capacity.lengths import GRID, SurvivalCurve
 
 FUTURES = 256
 """Sampled futures per decision (each request keeps this many uniforms): the 90th percentile of
@@ -90,7 +90,13 @@ def curve_remaining_many(curve: SurvivalCurve, ages: Floats, draws: Floats) -> F
     an answer ends at the first length ``t > age`` where ``S(t) <= u S(age)``, or at ``cap``
     (``max_new_tokens``) if none does."""
     cap = float(curve.cap)
-    times, surviving, first_at_most, ends_at = _arrays(curve)
+    arrays = curve.arrays
+    times, surviving, first_at_most, ends_at = (
+        arrays.times,
+        arrays.surviving,
+        arrays.first_at_most,
+        arrays.ends_at,
+    )
     after = np.searchsorted(times, ages, side="right")  # the first length past each age
     alive_now = np.where(after > 0, surviving[np.maximum(after - 1, 0)], 1.0)
     # ``surviving`` falls with ``times``, so the lengths where it is at most a threshold are a
@@ -106,32 +112,6 @@ def curve_remaining_many(curve: SurvivalCurve, ages: Floats, draws: Floats) -> F
     left[stale] = np.maximum(16.0, ages[stale] // 4)[:, None]
     left[ages >= cap] = 0.0
     return left
-
-
-GRID = 4096
-"""Steps of the survival probability on which a draw's threshold is read (a lookup, not a
-search, per request and future: the forecast runs at every admission)."""
-
-
-def _arrays(curve: SurvivalCurve) -> tuple[Floats, Floats, npt.NDArray[np.intp], Floats]:
-    """A curve's arrays, computed once: its lengths, its survival, for each grid step ``g`` the
-    index of the first length where ``S <= g / GRID``, and the lengths with ``cap`` appended."""
-    cached = _CURVE_ARRAYS.get(id(curve))
-    if cached is not None and cached[0] is curve:
-        return cached[1]
-    times = np.asarray(curve.times, dtype=np.float64)
-    surviving = np.asarray(curve.surviving, dtype=np.float64)
-    grid = np.arange(GRID + 1, dtype=np.float64) / GRID
-    first_at_most = np.searchsorted(-surviving, -grid, side="left")
-    arrays = (times, surviving, first_at_most, np.append(times, float(curve.cap)))
-    if len(_CURVE_ARRAYS) >= 64:
-        _CURVE_ARRAYS.clear()
-    _CURVE_ARRAYS[id(curve)] = (curve, arrays)
-    return arrays
-
-
-_CURVE_ARRAYS: dict[int, tuple[SurvivalCurve, tuple[Floats, Floats, npt.NDArray[np.intp], Floats]]]
-_CURVE_ARRAYS = {}
 
 
 def peak_quantile(flights: Sequence[Flight], quantile: float) -> float:

@@ -15,7 +15,10 @@ import bisect
 import itertools
 from collections import deque
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
 
 from eagledata.rundir.percentile import percentile
 
@@ -38,6 +41,31 @@ def bucket_of(prompt_tokens: int) -> int:
     return bisect.bisect_right(BUCKET_EDGES, prompt_tokens)
 
 
+GRID = 4096
+"""Steps of the survival probability on which a draw's threshold is read (a lookup, not a
+search, per request and future: the forecast runs at every admission)."""
+
+
+@dataclass(frozen=True, slots=True)
+class CurveArrays:
+    """A curve as the forecast draws from it (``capacity/forecast.py``): its lengths, its
+    survival, for each grid step ``g`` the index of the first length where ``S <= g / GRID``,
+    and the lengths with ``cap`` appended."""
+
+    times: npt.NDArray[np.float64]
+    surviving: npt.NDArray[np.float64]
+    first_at_most: npt.NDArray[np.intp]
+    ends_at: npt.NDArray[np.float64]
+
+    @classmethod
+    def of(cls, times: Sequence[int], surviving: Sequence[float], cap: int) -> CurveArrays:
+        lengths = np.asarray(times, dtype=np.float64)
+        alive = np.asarray(surviving, dtype=np.float64)
+        grid = np.arange(GRID + 1, dtype=np.float64) / GRID
+        first_at_most = np.searchsorted(-alive, -grid, side="left")
+        return cls(lengths, alive, first_at_most, np.append(lengths, float(cap)))
+
+
 @dataclass(frozen=True, slots=True)
 class SurvivalCurve:
     """``S(t) = P(an answer is longer than t tokens)``, a step function, and no answer runs past
@@ -48,6 +76,12 @@ class SurvivalCurve:
     surviving: Sequence[float]
     """``S`` just after each of ``times``."""
     cap: int
+    arrays: CurveArrays = field(init=False, repr=False, compare=False)
+    """The curve as the forecast draws from it, computed once with the curve (a curve is
+    immutable, and the length model makes a new one when its answers change)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "arrays", CurveArrays.of(self.times, self.surviving, self.cap))
 
     def at(self, tokens: int) -> float:
         if tokens >= self.cap:

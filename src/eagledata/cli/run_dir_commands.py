@@ -8,6 +8,10 @@ from typing import Annotated
 import typer
 
 from eagledata.cli.shell import guarded
+from eagledata.export.formats import FORMATS
+
+FORMAT_HELP = "; ".join(f"{name}: {form.summary}" for name, form in FORMATS.items())
+"""``--format``'s help, from the formats' registry (``export/formats.py``)."""
 
 
 def status(
@@ -78,9 +82,7 @@ def report(
 def export(
     run_dirs: Annotated[list[Path], typer.Argument(help="Run directories, into one output")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Output file (a folder for hf)")],
-    format: Annotated[
-        str, typer.Option("--format", "-f", help="ids (token-faithful), hf, conversations, text")
-    ] = "ids",
+    format: Annotated[str, typer.Option("--format", "-f", help=FORMAT_HELP)] = "ids",
     keep: Annotated[
         list[str] | None,
         typer.Option(help="Keep records with this flag (empty, degenerate are left out); repeat"),

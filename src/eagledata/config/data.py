@@ -84,7 +84,10 @@ SEEDS_PER_ROUND = 1 << 16
 sample ``s`` is seeded ``r * SEEDS_PER_ROUND + s`` and round 0 keeps the seeds runs always had."""
 
 
-SchemaName = Literal["auto", "sharegpt", "messages", "prompt"]
+Schema = Literal["sharegpt", "messages", "prompt"]
+"""The row shapes a dataset may have (``source/prompts.py`` reads each)."""
+SchemaName = Literal["auto", Schema]
+"""A dataset's ``schema`` setting: one of them, or ``auto`` (found from the first row's fields)."""
 
 
 class DatasetSettings(Strict):

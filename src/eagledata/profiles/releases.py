@@ -19,13 +19,13 @@ claim with the release's own code.
 
 from __future__ import annotations
 
-import re
 import tomllib
 from collections.abc import Callable, Mapping
 from functools import cache
 from pathlib import Path
 from typing import Literal, TypeVar
 
+from packaging.version import InvalidVersion, Version
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from eagledata.config import format_validation_error, shipped_path
@@ -79,24 +79,22 @@ class Release(_Strict):
     check: CheckRules = CheckRules()
 
     @property
-    def key(self) -> tuple[int, ...]:
+    def key(self) -> Version:
         return version_key(self.version)
 
 
-def version_key(version: str) -> tuple[int, ...]:
-    """Order of release strings: ``0.5.9 < 0.5.15 < 0.5.15.post1 < 0.5.23``; a pre-release
-    (``0.5.24rc1``, ``.dev0``) sorts before its release. Text that is no version sorts first."""
-    match = re.fullmatch(r"v?(\d+(?:\.\d+)*)(?:\.?(post|rc|a|b|dev)(\d*))?(?:\+.*)?", version)
-    if match is None:
-        return (-1,)
-    numbers = tuple(int(part) for part in match.group(1).split("."))
-    numbers += (0,) * (4 - len(numbers))
-    tag, n = match.group(2), int(match.group(3) or 0)
-    if tag is None:
-        return (*numbers, 0, 0)
-    if tag == "post":
-        return (*numbers, 1, n)
-    return (*numbers, -1, n)
+NO_VERSION = Version("0.dev0")
+"""Where text that is no version sorts: before every release."""
+
+
+def version_key(version: str) -> Version:
+    """Order of release strings (PEP 440, ``packaging``): ``0.5.9 < 0.5.15 < 0.5.15.post1 <
+    0.5.23``; a pre-release (``0.5.24rc1``, ``.dev0``) sorts before its release. Text that is no
+    version sorts first."""
+    try:
+        return Version(version)
+    except InvalidVersion:
+        return NO_VERSION
 
 
 def _load_release(path: Path) -> Release:

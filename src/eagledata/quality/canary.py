@@ -45,7 +45,7 @@ from eagledata.rundir.lines import QualityLine, RankLine
 
 
 class LineLog(Protocol):
-    def append(self, line: bytes) -> None: ...
+    def append(self, line: QualityLine) -> object: ...
 
 
 async def build_baseline(
@@ -171,7 +171,7 @@ def _log(
             RankLine(rank=v.rank, stats=v.stats, thresholds=v.limits, fired=v.fired) for v in ranks
         ],
     )
-    ledger.append(line.dump())
+    ledger.append(line)
 
 
 class CanaryMonitor:

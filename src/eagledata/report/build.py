@@ -45,7 +45,7 @@ def build_report(run_dir: Path, out: Path | None = None) -> Path:
     The run directory and the output path are checked before anything is read or drawn; the
     page is written to a temporary name and renamed, so an open report is never half-written.
     """
-    RunDir(run_dir).read()
+    RunDir(run_dir).manifest()
     target = out if out is not None else run_dir / "report.html"
     try:
         target.parent.mkdir(parents=True, exist_ok=True)

@@ -24,6 +24,7 @@ from eagledata.report.records_scan import RecordSeries, scan_records
 from eagledata.rundir.journal import iter_jsonl_lines
 from eagledata.rundir.lines import CheckLine, Line, LineError, QualityLine, TelemetryLine
 from eagledata.rundir.manifest import RunDir
+from eagledata.rundir.runfiles import Manifest
 from eagledata.rundir.telemetry import lane_name
 
 LineT = TypeVar("LineT", bound=Line)
@@ -116,7 +117,7 @@ class RunData:
 def gather(path: Path) -> RunData:
     """Read a run directory (in progress or finished) into what the report draws."""
     run_dir = RunDir(path)
-    manifest = run_dir.read()  # a non-run directory gets RunDirError's one line
+    manifest = run_dir.manifest()  # a non-run directory gets RunDirError's one line
     skipped: Counter[str] = Counter()
     records = scan_records(path)
     checks = _guard_checks(path, skipped)
@@ -153,16 +154,15 @@ def _float(value: Any) -> float | None:
     return None
 
 
-def _run_info(path: Path, manifest: dict[str, Any]) -> RunInfo:
-    frozen = manifest.get("frozen") or {}
+def _run_info(path: Path, manifest: Manifest) -> RunInfo:
+    frozen = manifest.frozen
     generation = frozen.get("generation") or {}
     tokenizer = frozen.get("tokenizer") or {}
-    config = manifest.get("config") or {}
-    facts = manifest.get("server_facts") or {}
-    urls = (config.get("server") or {}).get("urls") or list(facts)
-    dtypes = sorted({str(f.get("kv_cache_dtype")) for f in facts.values() if isinstance(f, dict)})
+    facts = manifest.server_facts
+    urls = manifest.setting("server", "urls") or list(facts)
+    dtypes = sorted({str(f.get("kv_cache_dtype")) for f in facts.values()})
     model = frozen.get("expected_model") or next(
-        (f.get("model_path") for f in facts.values() if isinstance(f, dict)), None
+        (f.get("model_path") for f in facts.values()), None
     )
     max_new = generation.get("max_new_tokens")
     return RunInfo(
@@ -172,15 +172,14 @@ def _run_info(path: Path, manifest: dict[str, Any]) -> RunInfo:
         tokenizer=str(tokenizer.get("name", "?")),
         max_new_tokens=max_new if isinstance(max_new, int) else None,
         servers=tuple(str(url) for url in urls),
-        started_at=_float(manifest.get("created_at")),
-        versions={str(k): str(v) for k, v in (manifest.get("versions") or {}).items()},
+        started_at=manifest.created_at,
+        versions={str(k): str(v) for k, v in manifest.versions.items()},
         kv_dtypes=tuple(dtypes),
     )
 
 
-def _guard_interval(manifest: dict[str, Any]) -> float:
-    server = (manifest.get("config") or {}).get("server") or {}
-    interval = _float(server.get("guard_interval_s"))
+def _guard_interval(manifest: Manifest) -> float:
+    interval = _float(manifest.setting("server", "guard_interval_s"))
     return interval if interval and interval > 0 else 30.0
 
 

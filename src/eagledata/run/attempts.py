@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import random
 import time
 from collections.abc import Callable
@@ -30,6 +31,8 @@ from eagledata.server.client import SGLangClient, new_rid
 from eagledata.server.responses import GenerateResult
 from eagledata.source.workitem import WorkItem
 from eagledata.tasks import unless_set
+
+log = logging.getLogger(__name__)
 
 
 class ItemSender:
@@ -136,7 +139,8 @@ class ItemSender:
             except QueueFullError as exc:
                 await self._queue_full(exc, item)
                 continue
-            except ServerDownError:
+            except ServerDownError as exc:
+                log.warning("%s: %s; waiting for a server to answer /health", item.item_id, exc)
                 await unless_set(
                     self.stopped,
                     client.wait_until_healthy(
@@ -151,9 +155,20 @@ class ItemSender:
                 attempts += 1
                 first_failure = first_failure or time.monotonic()
                 if attempts < self.policy.max_attempts:
-                    await self._pause(self.policy.delay(attempts))
+                    delay = self.policy.delay(attempts)
+                    log.info(
+                        "%s: attempt %d failed (%s); again in %.1f s",
+                        item.item_id,
+                        attempts,
+                        exc,
+                        delay,
+                    )
+                    await self._pause(delay)
                     continue
                 if await self._server_at_fault(exc, first_failure, item):
+                    log.warning(
+                        "%s: its server fails every request; not the item's fault", item.item_id
+                    )
                     attempts -= 1  # not the item's attempt: try again once the server works
                     await self._pause(self.policy.delay(attempts))
                     continue
@@ -200,6 +215,9 @@ class ItemSender:
         return True
 
     def _fail(self, item: WorkItem, exc: ItemError, attempts: int) -> None:
+        log.warning(
+            "%s failed after %d attempt(s) (%s): %s", item.item_id, attempts, exc.reason, exc
+        )
         self.failures.write(
             failure_line(
                 item_id=item.item_id,

@@ -7,6 +7,7 @@ the servers report, and set the load controller over them (routers read through 
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Sequence
 
 from eagledata.config import AppConfig
@@ -19,6 +20,8 @@ from eagledata.rundir.telemetry import TelemetryLog
 from eagledata.server.client import SGLangClient
 from eagledata.server.guard import KVGuard
 from eagledata.source.tokenization import LengthLimit
+
+log = logging.getLogger(__name__)
 
 
 async def first_contact(
@@ -38,10 +41,22 @@ async def first_contact(
             f"cannot reach an SGLang server at {urls}; start one (eagledata launch-server) "
             "or fix --server"
         )
+    for endpoint in client.endpoints:
+        if endpoint not in reachable:
+            log.warning("%s does not answer /health at the start", endpoint.url)
     try:
         facts = [await guard.check(endpoint.url) for endpoint in reachable]
     except ServerRefusedError as refused:
+        log.error("a server was refused at the start: %s", refused)
         raise _name_the_model_setting(refused, config, run_dir, expected_model) from None
+    for endpoint, fact in zip(reachable, facts, strict=True):
+        log.info(
+            "%s passed the KV check at the start: model %s, KV cache %s, SGLang %s",
+            endpoint.url,
+            fact.model_path,
+            fact.kv_cache_dtype,
+            fact.version,
+        )
     input_limits = [f.max_req_input_len for f in facts if f.max_req_input_len is not None]
     contexts = [f.context_length for f in facts if f.context_length is not None]
     check_max_new_tokens(config, min(contexts, default=None))
@@ -85,7 +100,7 @@ async def load_controller(
         fixed=fixed,
         max_new_tokens=config.generation.max_new_tokens,
         telemetry=telemetry,
-        note=lambda message: progress.note(message),
+        note=lambda message: _note(progress, message),
         facts_of=guard.facts.get,
     )
     load.lengths.seed(known_lengths)
@@ -99,6 +114,12 @@ async def load_controller(
             progress.note(f"{endpoint.url}: {facts.release_note}")  # once, at the start
         load.add_server(ServerPlan(endpoint.url, facts, workers))
     return load
+
+
+def _note(progress: Progress, message: str) -> None:
+    """The load controller's notes: beside the live bar, and in ``run.log``."""
+    log.warning("%s", message)
+    progress.note(message)
 
 
 def _name_the_model_setting(

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from eagledata.errors import ServerRefusedError, ServerUnavailableError
 from eagledata.server.client import SGLangClient
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 
 class ServerCheck(Protocol):
@@ -91,7 +93,7 @@ class HoldAndRelease(Generic[T]):
         interval_s: float,
         max_held: int,
         max_hold_s: float = float("inf"),
-        release: Callable[[T], None],
+        release: Callable[[T], object],
         requeue: Callable[[T], None] | None = None,
     ) -> None:
         self.client = client
@@ -183,11 +185,27 @@ class HoldAndRelease(Generic[T]):
         self.checking = (check.name, url, started)
         try:
             await check.check(url, trigger)
-        except ServerRefusedError:
+        except ServerRefusedError as refused:
+            log.error(
+                "%s check of %s (%s) refused it; %d held results dropped: %s",
+                check.name,
+                url,
+                trigger,
+                len(self._held),
+                refused,
+            )
             self._held.clear()  # dropped, not failed: resume generates them again
             raise
         finally:
             self.checking = None
+        log.info(
+            "%s check of %s (%s) passed in %.2f s; %d results held",
+            check.name,
+            url,
+            trigger,
+            time.monotonic() - started,
+            self.held_of(url),
+        )
         before = self._passed.get((check.name, url), -float("inf"))
         self._passed[(check.name, url)] = started
         if any(h.server == url and before < h.completed_at <= started for h in self._held):
@@ -241,13 +259,17 @@ class HoldAndRelease(Generic[T]):
             if until is None:
                 continue
             keep: list[Held[T]] = []
+            released = 0
             for held in self._held:
                 if held.server == url and held.completed_at <= until:
                     self.release(held.payload)
                     self.progress += 1
+                    released += 1
                 else:
                     keep.append(held)
             self._held = keep
+            if released:
+                log.info("%d results of %s released; %d still held", released, url, len(keep))
 
     async def run(self) -> None:
         """The periodic check loop; runs until cancelled by its owner's task group."""
@@ -279,6 +301,13 @@ class HoldAndRelease(Generic[T]):
     def _give_back(self, server: str | None = None) -> None:
         """Hand the results held from ``server`` (from every server if None) to ``requeue``."""
         keep: list[Held[T]] = []
+        given = sum(1 for held in self._held if server is None or held.server == server)
+        if given:
+            log.warning(
+                "%d held results of %s given back: no check can vouch for them now",
+                given,
+                server or "every server",
+            )
         for held in self._held:
             if server is None or held.server == server:
                 if self.requeue is not None:  # without one, dropped: resume generates it again

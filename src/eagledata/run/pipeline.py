@@ -18,10 +18,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from eagledata.config import AppConfig, field_key, format_validation_error
+from eagledata.config import AppConfig, FrozenSettings, field_key, format_validation_error
 from eagledata.errors import ConfigError, EagledataError, RunDirError
 from eagledata.run.progress import Summary
 from eagledata.run.session import Run
+from eagledata.run.session_state import SessionSettings
 from eagledata.rundir.manifest import RunDir
 from eagledata.simserver.demo import simulated_server
 from eagledata.source.dataset import ResolvedDataset, check_local_source
@@ -70,21 +71,20 @@ def _session(
     try:
         existed = run_dir.exists()
         if existed:  # its rows are named as when it started (``ROW_ID_SCHEME``)
-            mix = replace(mix, id_scheme=int(run_dir.read().get("row_id_scheme", 1)))
-        run = Run(config, mix, run_dir, progress)
+            mix = replace(mix, id_scheme=run_dir.manifest().row_id_scheme)
+        frozen = FrozenSettings.of(config, mix.name, list(mix.members), mix.seed)
+        datasets: dict[str, Any] = {}
         if existed:
-            run_dir.check_frozen(run.frozen)
+            run_dir.check_frozen(frozen)
             _check_canary_frozen(run_dir, config)
             _check_datasets(run_dir, mix, config.run.limit)
             if retry_failed:
                 run_dir.requeue_failures()  # under the lock: no other process writes failures
         else:  # before the servers: a dataset that cannot be read costs no start-up
-            run.datasets = record_datasets(
-                out_dir, list(mix.members), config.run.limit, mix.id_scheme
-            )
+            datasets = record_datasets(out_dir, list(mix.members), config.run.limit, mix.id_scheme)
         with simulated_server(config) as live_config:
-            run.config = live_config
-            session = _Session(run)
+            settings = SessionSettings(live_config, mix, run_dir, frozen, progress, datasets)
+            session = _Session(Run(settings))
             yield session
     except EagledataError as error:
         raise error.naming_run_dir(out_dir) from None
@@ -132,8 +132,8 @@ def _remove_unstarted(created: Path, run_dir: RunDir) -> bool:
 def _check_datasets(run_dir: RunDir, mix: Mix, row_limit: int | None) -> None:
     """The datasets the run was started with, row for row (``source/fingerprint.py``); rows
     added at their end are planned: the plan is read to its end again."""
-    stored = run_dir.read().get("datasets")
-    if not isinstance(stored, dict):
+    stored = run_dir.manifest().datasets
+    if stored is None:
         return  # a run started before datasets were recorded
     members = list(mix.members)
     updated, grew = check_datasets(run_dir.path, members, stored, row_limit, mix.id_scheme)
@@ -148,9 +148,9 @@ def _check_datasets(run_dir: RunDir, mix: Mix, row_limit: int | None) -> None:
 
 def _check_canary_frozen(run_dir: RunDir, config: AppConfig) -> None:
     """``--no-canary`` is chosen when a run starts and kept for its life."""
-    stored = run_dir.read().get("canary")
-    if isinstance(stored, dict) and stored.get("enabled") != config.canary.enabled:
-        was = "with the canary" if stored.get("enabled") else "with --no-canary"
+    stored = run_dir.manifest().canary
+    if stored is not None and stored.enabled != config.canary.enabled:
+        was = "with the canary" if stored.enabled else "with --no-canary"
         raise RunDirError(
             f"{run_dir.path} was started {was}; that choice is frozen: continue it with "
             "'eagledata resume RUN_DIR' or pass a new --out"
@@ -208,13 +208,12 @@ def resume(
     progress: bool = True,
 ) -> Summary:
     run_dir = RunDir(run_path)
-    manifest = run_dir.read()
-    if not isinstance(manifest.get("config"), dict):
+    manifest = run_dir.manifest()
+    if manifest.config is None:
         raise RunDirError(f"{run_path}/run.json lacks its settings; start a new run")
-    config = stored_config(run_dir, manifest["config"], server_urls, concurrency)
-    stored_canary = manifest.get("canary")
-    enabled = bool(stored_canary.get("enabled")) if isinstance(stored_canary, dict) else False
+    config = stored_config(run_dir, manifest.config, server_urls, concurrency)
     # A run from before the canary existed has none: resume keeps it that way.
+    enabled = manifest.canary_enabled
     config = config.model_copy(
         update={"canary": config.canary.model_copy(update={"enabled": enabled})}
     )

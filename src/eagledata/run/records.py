@@ -1,5 +1,8 @@
-"""A record built from an answer: the prompt's ids and messages, the answer's ids and provenance
-(the line's contract: ``rundir/lines.py``)."""
+"""An answer's last stages: read as it arrives (``Examiner``: its flags, its reasoning tokens),
+held until every check of its server vouches for it, then its record built (``record_of``: the
+prompt's ids and messages, the answer's ids and provenance; the line's contract is
+``rundir/lines.py``) and written (``Recorder.commit``: ``run/writer.py``).
+"""
 
 from __future__ import annotations
 
@@ -7,8 +10,19 @@ import time
 from dataclasses import dataclass
 from typing import TypeVar
 
+from eagledata.config import ServerSettings
+from eagledata.quality.flags import FlagDetector
+from eagledata.run.holding import HoldAndRelease
+from eagledata.run.loadcontrol import LoadController
+from eagledata.run.progress import Progress
+from eagledata.run.scheduler import Scheduler
+from eagledata.run.turns import TurnSource
+from eagledata.run.writer import ShardWriter
 from eagledata.rundir.lines import NONE_VALUES, RecordFlags, RecordLine
+from eagledata.server.client import SGLangClient
+from eagledata.server.guard import KVGuard
 from eagledata.server.responses import GenerateResult
+from eagledata.source.answers import AnswerReader
 from eagledata.source.prompts import Message
 from eagledata.source.workitem import WorkItem
 
@@ -116,3 +130,101 @@ def record_of(answer: ExaminedAnswer) -> RecordLine:
         prompt_key=item.prompt_key or "",
         row_hash=item.row_hash,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class Examiner:
+    """Reads an answer as it arrives, one at a time, before it is held (``ExaminedAnswer``)."""
+
+    flagger: FlagDetector
+    answers: AnswerReader
+
+    def examine(self, item: WorkItem, result: GenerateResult) -> ExaminedAnswer:
+        """What an answer's record says of it (it decodes and re-encodes the answer:
+        ``quality/flags.py``'s round trip)."""
+        flags = self.flagger.flags(
+            input_ids=item.input_ids,
+            output_ids=result.output_ids,
+            finish_reason=result.finish_reason,
+            matched=result.matched,
+        )
+        reasoning = self.answers.reasoning_tokens(
+            item.input_ids, result.output_ids, result.finish_reason, result.matched
+        )
+        return ExaminedAnswer(item, result, flags, reasoning)
+
+
+@dataclass(slots=True)
+class SessionCounts:
+    """What this session added: records, failures, answer tokens."""
+
+    records: int = 0
+    failures: int = 0
+    tokens: int = 0
+
+    def failure(self) -> None:
+        self.failures += 1
+
+
+class Recorder:
+    """Holds each examined answer until every check of its server vouches for it
+    (``holder``: run/holding.py), then commits it: its record is built and written, and its
+    conversation may go on. An answer whose server went down is given back: a conversation's
+    turn is sent again at once, anything else once this pass of the plan is done (``redo``)."""
+
+    def __init__(
+        self,
+        *,
+        client: SGLangClient,
+        kv_guard: KVGuard,
+        server: ServerSettings,
+        writer: ShardWriter,
+        turns: TurnSource | None,
+        counts: SessionCounts,
+        progress: Progress,
+        scheduler: Scheduler[WorkItem],
+        load: LoadController,
+    ) -> None:
+        self.writer = writer
+        self.turns = turns
+        self.counts = counts
+        self.progress = progress
+        self.scheduler = scheduler
+        self.load = load
+        self.redo: list[WorkItem] = []
+        """Results given back that are not a conversation's turn: generated again once this
+        pass of the plan is done."""
+        # One hold-and-release for the KV check and the canary (the canary adds its check).
+        self.holder = HoldAndRelease[ExaminedAnswer](
+            client,
+            [kv_guard],
+            interval_s=server.guard_interval_s,
+            max_held=server.guard_max_held,
+            max_hold_s=server.guard_max_hold_s,
+            release=self.commit,
+            requeue=self.give_back,
+        )
+
+    def commit(self, answer: ExaminedAnswer) -> RecordLine:
+        """A result every check vouched for: write its record, count it."""
+        item, result = answer.item, answer.result
+        record = record_of(answer)
+        self.writer.write(record)
+        # committed: the conversation's next turn may be built on it now
+        if self.turns is not None:
+            self.turns.committed(item, result)
+        self.counts.records += 1
+        self.counts.tokens += result.completion_tokens
+        load = self.load
+        self.progress.advance(
+            tokens=result.completion_tokens,
+            in_flight=sum(lane.in_flight for lanes in load.lanes.values() for lane in lanes)
+            if load.auto
+            else self.scheduler.stats.in_flight,
+            load=load.bar_fields(),
+        )
+        return record
+
+    def give_back(self, answer: ExaminedAnswer) -> None:
+        if self.turns is None or not self.turns.given_back(answer.item):
+            self.redo.append(answer.item)

@@ -1,28 +1,68 @@
-"""What one session holds open: the run directory's files, and the parts built once its servers
-answer (``run/session.py`` wires them)."""
+"""What one session holds: its settings (``SessionSettings``), the run directory's open files
+(``SessionFiles``), and everything built once its servers answer (``Session``), each made once
+and never changed after (``run/session_open.py`` builds them, ``run/session.py`` drives them).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
-from eagledata.quality.flags import FlagDetector
+from eagledata.config import AppConfig, FrozenSettings
 from eagledata.run.holding import HoldAndRelease
 from eagledata.run.loadcontrol import LoadController
 from eagledata.run.progress import Progress
-from eagledata.run.records import ExaminedAnswer
-from eagledata.run.scheduler import Scheduler
+from eagledata.run.records import ExaminedAnswer, Examiner, Recorder, SessionCounts
+from eagledata.run.scheduler import RetryPolicy, Scheduler
+from eagledata.run.turns import TurnSource
 from eagledata.run.writer import FailureLog, ShardWriter
 from eagledata.rundir.journal import Journal
-from eagledata.rundir.telemetry import TelemetryLog
+from eagledata.rundir.manifest import RunDir
 from eagledata.rundir.totals import RunTotals
 from eagledata.server.client import SGLangClient
 from eagledata.server.guard import KVGuard
+from eagledata.source.mix import Mix
 from eagledata.source.tokenization import LengthLimit, PromptTokenizer
 from eagledata.source.workitem import WorkItem
 from eagledata.source.workplan import WorkPlan
 
 
-@dataclass
+@dataclass(frozen=True, slots=True)
+class SessionSettings:
+    """What a session is started with: the settings, the datasets, the run directory."""
+
+    config: AppConfig
+    mix: Mix
+    run_dir: RunDir
+    frozen: FrozenSettings
+    show_progress: bool
+    datasets: dict[str, Any] = field(default_factory=dict)
+    """Each dataset's fingerprint, recorded before a first session (``source/fingerprint.py``)
+    for its ``run.json``; empty when the run exists."""
+
+    @property
+    def fixed(self) -> int | None:
+        """``--concurrency N``, or None under auto."""
+        concurrency = self.config.run.concurrency
+        return concurrency if isinstance(concurrency, int) else None
+
+    @property
+    def ceiling(self) -> int:
+        """Senders at most: ``--concurrency N``, or under auto ``load.max_in_flight``, each
+        admitted by the controller."""
+        return self.fixed or self.config.load.max_in_flight
+
+    @property
+    def policy(self) -> RetryPolicy:
+        server = self.config.server
+        return RetryPolicy(server.max_attempts, server.backoff_base_s, server.backoff_max_s)
+
+    @property
+    def sampling_params(self) -> dict[str, Any]:
+        return self.config.generation.sampling_params()
+
+
+@dataclass(frozen=True, slots=True)
 class SessionFiles:
     """The run directory's open files for one session, and what was done before it."""
 
@@ -34,53 +74,35 @@ class SessionFiles:
     all_done: bool
     estimate: int | None
 
-    def close(self, parts: SessionParts | None) -> None:
-        if parts is not None:
-            parts.close()
-        self.writer.close()
-        self.failures.close()
-        self.check_log.close()
 
+@dataclass(frozen=True, slots=True)
+class Session:
+    """A session once its servers answered: built once (``session_open.open_session``), then
+    read by every step. ``plan``, ``turns`` and ``examiner`` are None when nothing is left to
+    generate (no tokenizer was loaded)."""
 
-@dataclass
-class SessionParts:
-    """What a session builds once its servers answer: the checks, the controller, the plan."""
-
-    client: SGLangClient
+    settings: SessionSettings
     files: SessionFiles
+    client: SGLangClient
     kv_guard: KVGuard
+    limit: LengthLimit
+    progress: Progress
     scheduler: Scheduler[WorkItem]
-    flagger: FlagDetector | None
+    load: LoadController
+    recorder: Recorder
+    counts: SessionCounts
     tokenizer: PromptTokenizer | None
-    guard: HoldAndRelease[ExaminedAnswer] | None = None
-    limit: LengthLimit = field(default_factory=lambda: LengthLimit(None, "none"))
-    progress: Progress | None = None
-    load: LoadController | None = None
-    telemetry: TelemetryLog | None = None
-    quality_log: Journal | None = None
-    plan: WorkPlan | None = None
-    redo: list[WorkItem] = field(default_factory=list)
-    """Results the holder gave back: their server went down before a check vouched for them."""
+    plan: WorkPlan | None
+    turns: TurnSource | None
+    examiner: Examiner | None
+    quality_log: Journal | None
 
     @property
     def holder(self) -> HoldAndRelease[ExaminedAnswer]:
-        assert self.guard is not None, "set when the servers are contacted"
-        return self.guard
+        return self.recorder.holder
 
-    @property
-    def bar(self) -> Progress:
-        assert self.progress is not None, "set when the servers are contacted"
-        return self.progress
-
-    @property
-    def controller(self) -> LoadController:
-        assert self.load is not None, "set before generation starts"
-        return self.load
-
-    def close(self) -> None:
-        if self.progress is not None:
-            self.progress.close()
-        if self.quality_log is not None:
-            self.quality_log.close()
-        if self.telemetry is not None:
-            self.telemetry.close()
+    def count_failure(self, item: WorkItem) -> None:
+        """One more item in the failure file; a conversation's turn ends its conversation."""
+        self.counts.failure()
+        if self.turns is not None:
+            self.turns.failed(item)

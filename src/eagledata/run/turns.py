@@ -61,7 +61,6 @@ class TurnSource:
         failures: FailureLog,
         progress: Progress,
         scheduler: Scheduler[WorkItem],
-        holder: HoldAndRelease[Any],
         max_open: int,
         on_outcome: Callable[[], None],
         reasoning_field: bool = False,
@@ -74,7 +73,6 @@ class TurnSource:
         self.failures = failures
         self.progress = progress
         self.scheduler = scheduler
-        self.holder = holder
         self.max_open = max_open
         self.on_outcome = on_outcome
         """Called for every failure-file entry written here (the session counts them)."""
@@ -142,9 +140,11 @@ class TurnSource:
 
     # --- what it yields ----------------------------------------------------------------------
 
-    async def items(self) -> AsyncIterator[WorkItem]:
+    async def items(self, holder: HoldAndRelease[Any]) -> AsyncIterator[WorkItem]:
         """Given-back turns, then next turns, then the plan's new work; ends when the plan is
-        read to its end and every conversation has ended (or the session stops)."""
+        read to its end and every conversation has ended (or the session stops). ``holder``
+        holds the turns sent: asked for a round of checks when every open conversation waits
+        on one of them."""
         while not self.scheduler.stopping:
             self._wake.clear()
             if self._resend:
@@ -181,10 +181,10 @@ class TurnSource:
                 continue
             if self._plan_done and self.open <= 0:
                 return
-            if self.sent == 0 and self.holder.held and not self._round_asked:
+            if self.sent == 0 and holder.held and not self._round_asked:
                 # every open conversation waits on a held turn: the checks, now
                 self._round_asked = True
-                self.holder.request_round("held")
+                holder.request_round("held")
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(IDLE_CHECK_S):
                     await self._wake.wait()

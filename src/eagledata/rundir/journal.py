@@ -13,10 +13,11 @@ import errno
 import os
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from eagledata.errors import StorageError
+from eagledata.rundir.lines import Line
 
 SHARD_PATTERN = re.compile(r"^shard-(\d{6})\.jsonl$")
 
@@ -66,9 +67,15 @@ def iter_jsonl_lines(path: Path) -> Iterator[bytes]:
 class Journal:
     """An append-only JSONL file whose every line is committed by a single ``write(2)``."""
 
-    def __init__(self, path: Path, fsync_interval_s: float = 1.0) -> None:
+    def __init__(
+        self, path: Path, fsync_interval_s: float = 1.0, *, syncs_itself: bool = True
+    ) -> None:
+        """``syncs_itself``: ``append`` fsyncs once ``fsync_interval_s`` has passed since the
+        last fsync. Without it, the owner fsyncs when ``sync_due`` says so (the shard writer
+        does it in its disk thread, off the event loop)."""
         self.path = path
         self.fsync_interval_s = fsync_interval_s
+        self.syncs_itself = syncs_itself
         try:
             if path.exists():
                 repair_torn_tail(path)
@@ -80,8 +87,10 @@ class Journal:
         self._last_sync = time.monotonic()
         self._dirty = False
 
-    def append(self, line: bytes) -> None:
-        data = line + b"\n"
+    def append(self, line: Line) -> bytes:
+        """Commit ``line`` (one of the line contract's kinds, ``rundir/lines.py``): its JSON
+        and newline by one ``write(2)``. Returns the bytes written, newline included."""
+        data = line.dump() + b"\n"
         try:
             written = os.write(self._fd, data)
             if written != len(data):  # a short write on a nearly full disk
@@ -92,11 +101,32 @@ class Journal:
         self.size += written
         self.lines += 1
         self._dirty = True
-        if (
+        if self.syncs_itself and self.sync_due():
+            self.sync()
+        return data
+
+    def sync_due(self) -> bool:
+        """Lines were written and ``fsync_interval_s`` has passed since the last fsync."""
+        return self._dirty and (
             self.fsync_interval_s == 0
             or time.monotonic() - self._last_sync >= self.fsync_interval_s
-        ):
-            self.sync()
+        )
+
+    def take_sync(self) -> Callable[[], None]:
+        """Count the lines written so far as synced, and return the fsync that makes them so:
+        for an owner that runs it elsewhere (a disk thread), before anything that relies on it
+        (a seal queued after it)."""
+        fd, path = self._fd, self.path
+        self._dirty = False
+        self._last_sync = time.monotonic()
+
+        def fsync() -> None:
+            try:
+                os.fsync(fd)
+            except OSError as exc:
+                raise storage_error("sync", path, exc) from None
+
+        return fsync
 
     def _truncate_to(self, size: int) -> None:
         # on failure, the torn tail is cut again when the journal is reopened

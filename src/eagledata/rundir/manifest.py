@@ -49,6 +49,7 @@ from eagledata.rundir.journal import (
     storage_error,
 )
 from eagledata.rundir.lines import FailureLine, line_schemas
+from eagledata.rundir.runfiles import Manifest, PlanFile
 from eagledata.rundir.totals import RunTotals
 
 SCHEMA_VERSION = 1
@@ -138,6 +139,35 @@ class RunDir:
             )
         return dict(manifest)
 
+    def manifest(self) -> Manifest:
+        """``run.json`` as its type (``rundir/runfiles.py``): the one way to read it."""
+        raw = self.read()
+        try:
+            return Manifest.model_validate(raw)
+        except ValidationError as exc:
+            problems = format_validation_error(exc, f"{self.run_json}: ")
+            raise RunDirError(
+                f"{problems}; restore the run.json the run was started with, or start a new run "
+                "with --out"
+            ) from None
+
+    def plan_file(self) -> PlanFile | None:
+        """``plan.json`` as its type, or None before the plan was read to its end."""
+        path = self.path / "plan.json"
+        try:
+            raw = orjson.loads(path.read_bytes())
+        except FileNotFoundError:
+            return None
+        except (OSError, orjson.JSONDecodeError) as exc:
+            raise RunDirError(f"{path} is unreadable: {exc}") from None
+        try:
+            return PlanFile.model_validate(raw)
+        except ValidationError as exc:
+            problems = format_validation_error(exc, f"{path}: ")
+            raise RunDirError(
+                f"{problems}; delete it and 'eagledata resume RUN_DIR' reads the plan again"
+            ) from None
+
     def frozen(self) -> FrozenSettings:
         """The run's frozen settings, checked by this release: one it refuses is named."""
         try:
@@ -207,27 +237,20 @@ class RunDir:
             )
 
     def planned(self) -> int | None:
-        path = self.path / "plan.json"
-        if path.is_file():
-            return int(orjson.loads(path.read_bytes())["planned"])
-        estimate = self.read().get("planned_estimate")
-        return int(estimate) if estimate is not None else None
+        """The plan's size: ``plan.json``'s once it is complete, else the estimate."""
+        plan = self.plan_file()
+        if plan is not None:
+            return plan.planned
+        return self.manifest().planned_estimate
 
     def set_planned(self, planned: int, by_dataset: dict[str, int] | None = None) -> None:
-        plan: dict[str, Any] = {"planned": planned}
-        if by_dataset is not None:
-            plan["datasets"] = dict(by_dataset)
-        write_json_atomic(self.path / "plan.json", plan)
+        plan = PlanFile(planned=planned, datasets=None if by_dataset is None else dict(by_dataset))
+        write_json_atomic(self.path / "plan.json", plan.model_dump(exclude_none=True))
 
     def planned_by_dataset(self) -> dict[str, int] | None:
         """Each dataset's planned items, once the plan is complete (runs since turns existed)."""
-        path = self.path / "plan.json"
-        if not path.is_file():
-            return None
-        datasets = orjson.loads(path.read_bytes()).get("datasets")
-        if not isinstance(datasets, dict):
-            return None
-        return {str(name): int(count) for name, count in datasets.items()}
+        plan = self.plan_file()
+        return None if plan is None or plan.datasets is None else dict(plan.datasets)
 
     def requeue_failures(self) -> int:
         """Forget the failed items (not the skipped ones), so this session generates them again.

@@ -136,7 +136,7 @@ class Quarantine:
                 id=_id_of(line),
                 encoding=encoding,
                 content=content,
-            ).dump()
+            )
         )
 
     def close(self) -> None:

@@ -42,7 +42,7 @@ class RunRecords:
             )
         self.path = path
         self._run_dir = RunDir(path)
-        self.manifest = self._run_dir.read()  # refuses a non-run dir or another schema
+        self.manifest = self._run_dir.manifest()  # refuses a non-run dir or another schema
 
     def frozen(self) -> FrozenSettings:
         return self._run_dir.frozen()
@@ -81,7 +81,7 @@ class RunRecords:
                 into[entry.reason] = into.get(entry.reason, 0) + 1
         return GenerationOutcomes(
             planned=self._run_dir.planned(),
-            plan_complete=(self.path / "plan.json").is_file(),
+            plan_complete=self._run_dir.plan_file() is not None,
             failed=failed,
             skipped=skipped,
         )

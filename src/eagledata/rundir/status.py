@@ -19,6 +19,7 @@ from eagledata.rundir.journal import iter_jsonl_lines
 from eagledata.rundir.lines import LineError, QualityLine, TelemetryLine
 from eagledata.rundir.manifest import RunDir
 from eagledata.rundir.rates import Rate, duration
+from eagledata.rundir.runfiles import Manifest
 from eagledata.rundir.telemetry import TELEMETRY_FILE, lane_name
 from eagledata.rundir.totals import RunTotals, count_mismatch, scan_totals
 
@@ -225,14 +226,13 @@ def canary_line(canary: dict[str, Any]) -> str:
     return line
 
 
-def canary_summary(path: Path, manifest: dict[str, Any]) -> dict[str, Any]:
+def canary_summary(path: Path, manifest: Manifest) -> dict[str, Any]:
     """``{"enabled", "checks", "passed", "failed", "baseline", "last"}`` from run.json and
     ``quality.jsonl``. ``checks`` counts every canary check after the baseline runs."""
-    setting = manifest.get("canary")
-    enabled = bool(setting.get("enabled")) if isinstance(setting, dict) else False
+    enabled = manifest.canary_enabled
     summary: dict[str, Any] = {
         "enabled": enabled,
-        "disabled_by_flag": isinstance(setting, dict) and not enabled,
+        "disabled_by_flag": manifest.canary is not None and not enabled,
         "checks": 0,
         "passed": 0,
         "failed": 0,
@@ -363,13 +363,13 @@ def _datasets(run_dir: RunDir, totals: RunTotals) -> dict[str, dict[str, Any]]:
 
 def run_status(path: Path, window_s: float = 600.0) -> StatusReport:
     run_dir = RunDir(path)
-    manifest = run_dir.read()
+    manifest = run_dir.manifest()
     totals = scan_totals(path, recent_window_s=window_s)
     overall, recent = totals.rates(time.time(), window_s)
     return StatusReport(
         run_dir=str(path),
         planned=run_dir.planned(),
-        plan_complete=(path / "plan.json").is_file(),
+        plan_complete=run_dir.plan_file() is not None,
         written=totals.written,
         failed=totals.failed,
         skipped=totals.skipped,

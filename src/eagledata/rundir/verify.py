@@ -205,9 +205,9 @@ def verify_run(path: Path, *, full: bool = False) -> VerifyReport:
     (``full`` also compares each index with its shard). Nothing is written.
     """
     run_dir = RunDir(path)
-    manifest = run_dir.read()  # refuses a non-run directory or another schema with its message
-    datasets = manifest.get("datasets")
-    rows = RowPrints.load(path, datasets if isinstance(datasets, dict) else ())
+    manifest = run_dir.manifest()  # refuses a non-run directory or another schema with its message
+    datasets = manifest.datasets
+    rows = RowPrints.load(path, datasets or ())
     report = VerifyReport()
     for name in sorted(set(datasets or ()) - rows.datasets):
         report.add(
@@ -275,12 +275,12 @@ def verify_run(path: Path, *, full: bool = False) -> VerifyReport:
         failure_ids.append(entry.id)
         _count(settings, "failures.jsonl", entry.settings or "")
     claims.claim_all(failure_ids)
-    _check_settings(settings, run_dir.read().get("fingerprint"), report)
+    _check_settings(settings, run_dir.manifest().fingerprint, report)
     if claims.has_repeats():
         for problem in _repeats(path)[:MAX_LISTED]:
             report.add(problem)
     planned = run_dir.planned()
-    plan_complete = (path / "plan.json").is_file()
+    plan_complete = run_dir.plan_file() is not None
     accounted = report.records + report.failures
     if plan_complete and planned is not None and accounted != planned:
         report.add(
@@ -300,7 +300,7 @@ def _count(table: dict[str, dict[str, int]], where: str, key: str) -> None:
 
 
 def _check_settings(
-    settings: dict[str, dict[str, int]], fingerprint: object, report: VerifyReport
+    settings: dict[str, dict[str, int]], fingerprint: str, report: VerifyReport
 ) -> None:
     """Every line made under the run's own settings (``run.json``'s fingerprint); lines
     without a fingerprint were written by an earlier eagledata, under that same run.json."""
@@ -339,7 +339,7 @@ def repair_run(path: Path) -> RepairReport:
     ``quarantine.jsonl``, and rebuild the shard indexes. Under the run's lock (no process may
     write the files being rewritten)."""
     run_dir = RunDir(path)
-    run_dir.read()
+    run_dir.manifest()
     run_dir.lock()
     quarantine = Quarantine(path)
     try:

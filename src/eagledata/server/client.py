@@ -13,8 +13,8 @@
 * httpx exceptions are translated here, by type, never by message text, into the error tree;
   status codes and bodies are read by ``answers``: ``RetryableItemError`` (try again),
   ``RejectedRequestError`` (the request itself is bad), ``ServerError`` (the run cannot go on).
-* The control calls (health, server facts, loads, router workers, abort) are its base class's,
-  ``ControlCalls`` (``control``); reviving servers marked down is here.
+* The control calls (health, server facts, loads, router workers, abort) are a ``ControlCalls``
+  it holds (``control``) and offers; reviving servers marked down is here.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from eagledata.server.answers import ServerDownError, canary_answer, generate_an
 from eagledata.server.bodies import IDENTITY, BodyTooLarge, BodyUnreadable, Reply, read_bounded
 from eagledata.server.budget import SlotGate, TrafficGate
 from eagledata.server.control import ControlCalls
+from eagledata.server.loads import ServerLoad
 from eagledata.server.pools import Pools
 
 # Re-exported: callers that hold a client also name its results and request ids from here.
@@ -83,7 +84,7 @@ class Endpoint:
 ReconnectCheck = Callable[[str], Awaitable[None]]
 
 
-class SGLangClient(ControlCalls):
+class SGLangClient:
     """Async client for one or more SGLang servers. Use as ``async with SGLangClient(...)``."""
 
     def __init__(
@@ -116,7 +117,10 @@ class SGLangClient(ControlCalls):
             request_timeout_s=request_timeout_s,
             headers={"Authorization": f"Bearer {api_key}"} if api_key else {},
         )
-        super().__init__(pools, api_key_env)
+        self._pools = pools
+        self._api_key_env = api_key_env
+        self.control = ControlCalls(pools, api_key_env)
+        """The calls beside the data path, over the same pools (``server/control.py``)."""
         self._health_poll_s = health_poll_s
         self.request_timeout_s = request_timeout_s
         self.vocab_size = vocab_size
@@ -404,3 +408,20 @@ class SGLangClient(ControlCalls):
                         "saved: start the server and run 'eagledata resume RUN_DIR'"
                     )
                 await asyncio.sleep(self._health_poll_s)
+
+    # --- the control calls (``server/control.py``), over the same pools ------------------------
+
+    async def abort(self, url: str, rid: str) -> None:
+        await self.control.abort(url, rid)
+
+    async def health(self, url: str) -> bool:
+        return await self.control.health(url)
+
+    async def server_info(self, url: str) -> dict[str, Any]:
+        return await self.control.server_info(url)
+
+    async def read_load(self, url: str) -> ServerLoad | None:
+        return await self.control.read_load(url)
+
+    async def router_workers(self, url: str) -> list[str] | None:
+        return await self.control.router_workers(url)

@@ -2,10 +2,10 @@
 (``/server_info``), its live load (``/v1/loads``, ``/metrics``, ``/get_load``), the workers of an
 sglang-router, and aborting a generation given up on.
 
-``ControlCalls`` is the base of ``SGLangClient`` (``server/client.py``): the same pools, the
-control pool's own deadline (``CONTROL_DEADLINE_S``, on the whole call), every body read under
-``CONTROL_BODY_BOUND`` as it is decompressed and parsed by ``bodies.Reply`` (``server/bodies.py``),
-and a refused key said as such.
+``SGLangClient`` (``server/client.py``) holds one ``ControlCalls`` over its own pools and offers
+its calls: the control pool's own deadline (``CONTROL_DEADLINE_S``, on the whole call), every
+body read under ``CONTROL_BODY_BOUND`` as it is decompressed and parsed by ``bodies.Reply``
+(``server/bodies.py``), and a refused key said as such.
 """
 
 from __future__ import annotations

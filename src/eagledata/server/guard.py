@@ -23,7 +23,7 @@ from eagledata.server.verdict import GuardVerdict, evaluate_kv_guard
 class CheckLog(Protocol):
     """Where check entries go: one whole JSON line each (the run's ``checks.jsonl`` journal)."""
 
-    def append(self, line: bytes) -> None: ...
+    def append(self, line: CheckLine) -> object: ...
 
 
 class KVGuard:
@@ -152,4 +152,4 @@ class KVGuard:
             bytes_per_token=verdict.bytes_per_token,
             max_total_num_tokens=facts.max_total_num_tokens,
         )
-        self.check_log.append(line.dump())
+        self.check_log.append(line)

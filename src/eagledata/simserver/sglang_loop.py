@@ -56,16 +56,20 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from eagledata.simserver import loop_batches
 from eagledata.simserver.config import SimConfig
-from eagledata.simserver.loop_batches import LoopBatches
 from eagledata.simserver.loop_rank import Finish, LoopRank, ratio_bounds
 from eagledata.simserver.streaming import RUNNING_STATE, until_generated, wake_waiter
 
 
-class LoopEngine(LoopBatches):
+class LoopEngine:
     """The per-rank loops; ``Scheduler`` delegates to it when ``config.engine ==
     "sglang-loop"``. ``on_done`` ends an item that finished; ``on_reject`` one that a full
     queue refused after a retraction (HTTP 503)."""
+
+    def queue_full(self, rank: LoopRank, config: SimConfig) -> bool:
+        """``_abort_on_queued_limit``, as the scheduler asks every engine (``loop_batches``)."""
+        return loop_batches.queue_full(rank, config)
 
     def __init__(self, on_done: Finish, on_reject: Finish) -> None:
         self.ranks: list[LoopRank] = []
@@ -146,9 +150,9 @@ class LoopEngine(LoopBatches):
         for item in rank.running:
             self._wake_waiter(item)
         self._merge_prefilled(rank)
-        seconds = self._prefill(rank, config)
+        seconds = loop_batches.prefill(rank, config)
         if seconds is None and (rank.running or rank.finished_unfiltered):
-            seconds = self._decode(rank, config, now)
+            seconds = loop_batches.decode(rank, config, now)
         if seconds is None:
             # No batch: self_check_during_idle re-inits the ratio. The loop spins on while a
             # prefill may form (the batch that just emptied no longer blocks it), else it

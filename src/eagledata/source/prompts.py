@@ -9,13 +9,12 @@ turns regenerated one after the other.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
-from eagledata.config import DatasetSettings
+from eagledata.config import DatasetSettings, Schema
 from eagledata.errors import BadRowError
 
 Message = dict[str, str]
-Schema = Literal["sharegpt", "messages", "prompt"]
 
 # ShareGPT speaker names seen in the drafter datasets (SpecForge prepare_data.py and Magpie).
 SHAREGPT_ROLES = {
