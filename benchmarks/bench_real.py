@@ -247,7 +247,6 @@ def servers(env: Any, shape: Shape, work: Path) -> Iterator[list[Any]]:
 def run_job(
     started: list[Any],
     shape: Shape,
-    job: int,
     seed: int,
     settings: tuple[str, ...],
     work: Path,
@@ -255,7 +254,8 @@ def run_job(
 ) -> None:
     dataset = work / f"{shape.name}-seed{seed}.jsonl"
     write_dataset(dataset, shape.prompts, seed)
-    print(f"\n### {shape.name}, job {job} (seed {seed})\n\n{HEADER}", flush=True)
+    job = seed  # a job is its prompts
+    print(f"\n### {shape.name}, job {job}\n\n{HEADER}", flush=True)
     urls = [s.url for s in started]
     order = list(settings) if job % 2 else list(reversed(settings))  # interleaved
     targets: list[tuple[str, list[str]]] = []
@@ -493,12 +493,10 @@ def main() -> None:
             args.results.parent.mkdir(parents=True, exist_ok=True)
             args.results.write_text(json.dumps(out, indent=2) + "\n")
 
-        for job in range(args.jobs):  # job by job: each shape's settings in one session
+        settings = tuple(args.settings)
+        for job in range(args.jobs):  # job by job (a job is its seed): settings in one session
             for name in args.shapes:
-                run_job(
-                    fleets[name], SHAPES[name], job, args.seed + job, tuple(args.settings), work,
-                    save,
-                )  # fmt: skip
+                run_job(fleets[name], SHAPES[name], args.seed + job, settings, work, save)
     print("\n### Against the targets\n")
     for name in args.shapes:
         print(json.dumps(verdict(name, points)))
