@@ -143,6 +143,12 @@ def retracted(url: str) -> dict[str, int]:
         pattern = rf"^sglang:num_retracted_{name}_total(?:\{{[^}}]*\}})? ([0-9.e+]+)$"
         match = re.search(pattern, text, re.M)
         counts[name] = int(float(match.group(1))) if match else 0
+    # the scheduler's own CPU time: what the point cost the server whatever else the machine
+    # ran (its wall-clock speed moves with the load; its CPU time per step does not, much)
+    match = re.search(
+        r"^sglang:scheduler_process_cpu_seconds_total(?:\{[^}]*\})? ([0-9.e+]+)$", text, re.M
+    )
+    counts["cpu_ms"] = int(1000 * float(match.group(1))) if match else 0
     return counts
 
 
@@ -192,6 +198,8 @@ def run_point(
         "retractions": _delta(before, after, "requests"),
         "retracted_input_tokens": _delta(before, after, "input_tokens"),
         "retracted_output_tokens": _delta(before, after, "output_tokens"),
+        "scheduler_cpu_s": round(_delta(before, after, "cpu_ms") / 1000, 1),
+        "tok_per_cpu_s": round(tokens / max(_delta(before, after, "cpu_ms") / 1000, 1e-9), 1),
         "queue_full": queue_full(run_dir),
         "stopped": sum(1 for r in records if r["finish_reason"] == "stop"),
         "wall_s": round(wall, 1),
@@ -273,15 +281,16 @@ def run_job(
 
 
 HEADER = (
-    "| setting | output tok/s | span s | retractions | 503s | errors | stopped "
-    "| load (start-end) |\n|---|---|---|---|---|---|---|---|"
+    "| setting | output tok/s | tok per scheduler CPU-s | span s | retractions | 503s | errors "
+    "| stopped | load (start-end) |\n|---|---|---|---|---|---|---|---|---|"
 )
 
 
 def row(p: dict[str, Any]) -> str:
     errors = p["failed"] + (p["exit"] != 0)
     return (
-        f"| {p['setting']} | {p['tok_s']:,.1f} | {p['span_s']:.0f} | {p['retractions']} | "
+        f"| {p['setting']} | {p['tok_s']:,.1f} | {p.get('tok_per_cpu_s', '-')} | "
+        f"{p['span_s']:.0f} | {p['retractions']} | "
         f"{p['queue_full']} | {errors} | {p['stopped']}/{p['records']} | "
         f"{p['load_start']:.0f}-{p['load_end']:.0f} |"
     )
@@ -327,6 +336,7 @@ def verdict(shape: str, points: list[dict[str, Any]]) -> dict[str, Any]:
             "job": job,
             "best": best_name,
             "ratio": round(auto["tok_s"] / best_tok, 4),
+            "cpu_ratio": _cpu_ratio(auto, [p for p in mine if p is not auto]),
             "retractions": auto["retractions"],
             "best_retractions": best_retractions,
             "retractions_ok": auto["retractions"] <= allowed,
@@ -346,6 +356,15 @@ def verdict(shape: str, points: list[dict[str, Any]]) -> dict[str, Any]:
         "retractions_ok": all(j["retractions_ok"] for j in per_job),
         "clean": all(j["queue_full"] == 0 and j["errors"] == 0 for j in per_job),
     }
+
+
+def _cpu_ratio(auto: dict[str, Any], fixed: list[dict[str, Any]]) -> float | None:
+    """``auto``'s output tokens per scheduler CPU-second over the best fixed setting's: the
+    comparison the machine's load moves least (one server's shapes only)."""
+    rates = [p.get("tok_per_cpu_s") for p in [auto, *fixed]]
+    if any(rate is None for rate in rates) or any(p["setting"].endswith("alone") for p in fixed):
+        return None
+    return round(auto["tok_per_cpu_s"] / max(p["tok_per_cpu_s"] for p in fixed), 4)
 
 
 def _tok(point: dict[str, Any]) -> float:
@@ -405,16 +424,19 @@ def tables(results: dict[str, Any]) -> str:
         for p in (p for p in results["points"] if p["shape"] == shape):
             lines.append(f"| {p['job']} {row(p)}")
     lines.append(
-        "\n| shape | jobs | auto / best fixed, each job | mean | auto's retractions (best's) "
-        "| auto's 503s, errors |\n|---|---|---|---|---|---|"
+        "\n| shape | jobs | auto / best fixed, each job | mean | per scheduler CPU-s, each job "
+        "| auto's retractions (best's) | auto's 503s, errors |\n|---|---|---|---|---|---|---|"
     )
     for v in results["verdicts"]:
         jobs = v["jobs"]
         each = ", ".join(f"{100 * j['ratio']:.0f}% ({j['best']})" for j in jobs)
         retractions = ", ".join(f"{j['retractions']} ({j['best_retractions']})" for j in jobs)
         bad = ", ".join(f"{j['queue_full']}, {j['errors']}" for j in jobs)
+        cpu = ", ".join(
+            "-" if j.get("cpu_ratio") is None else f"{100 * j['cpu_ratio']:.0f}%" for j in jobs
+        )
         lines.append(
-            f"| {v['shape']} | {len(jobs)} | {each} | {100 * v['mean_ratio']:.0f}% | "
+            f"| {v['shape']} | {len(jobs)} | {each} | {100 * v['mean_ratio']:.0f}% | {cpu} | "
             f"{retractions} | {bad} |"
         )
     return "\n".join(lines)
