@@ -156,10 +156,24 @@ def flush(url: str) -> None:
     http(f"{url}/flush_cache", data=b"")
 
 
+def refused(consoles: list[Path], offsets: list[int]) -> int:
+    """503s the servers answered to ``/generate`` since ``offsets`` (their access log, in the
+    console): the ground truth, whatever the client counted (under a fixed ``--concurrency``
+    its telemetry has no lane state to count them in)."""
+    count = 0
+    for console, offset in zip(consoles, offsets, strict=True):
+        with console.open("rb") as log:
+            log.seek(offset)
+            count += log.read().count(b'/generate HTTP/1.1" 503')
+    return count
+
+
 def run_point(
-    urls: list[str], setting: str, shape: Shape, dataset: Path, work: Path, label: str
+    started: list[Any], setting: str, shape: Shape, dataset: Path, work: Path, label: str
 ) -> dict[str, Any]:
-    """One ``eagledata generate`` process against ``urls``; its figures."""
+    """One ``eagledata generate`` process against the servers ``started``; its figures."""
+    urls = [server.url for server in started]
+    consoles = [server.console for server in started]
     run_dir = work / f"run-{label}"
     concurrency = "auto" if setting == "auto" else setting.split()[-1]
     config = work / f"{label}.toml"
@@ -170,6 +184,7 @@ def run_point(
     for url in urls:
         flush(url)
     before = [retracted(url) for url in urls]
+    offsets = [console.stat().st_size for console in consoles]
     load_start = os.getloadavg()[0]
     cmd = [
         sys.executable, "-m", "eagledata.cli", "generate", "--model", str(MODEL),
@@ -200,7 +215,8 @@ def run_point(
         "retracted_output_tokens": _delta(before, after, "output_tokens"),
         "scheduler_cpu_s": round(_delta(before, after, "cpu_ms") / 1000, 1),
         "tok_per_cpu_s": round(tokens / max(_delta(before, after, "cpu_ms") / 1000, 1e-9), 1),
-        "queue_full": queue_full(run_dir),
+        "queue_full": refused(consoles, offsets),
+        "queue_full_seen": queue_full(run_dir),
         "stopped": sum(1 for r in records if r["finish_reason"] == "stop"),
         "wall_s": round(wall, 1),
         "load_start": round(load_start, 1),
@@ -225,7 +241,7 @@ def count_lines(path: Path) -> int:
 
 
 def queue_full(run_dir: Path) -> int:
-    """503s: the last telemetry line's ``queue_full`` of each lane, summed."""
+    """503s the client's telemetry counted: the last line's ``queue_full`` of each lane."""
     last: dict[str, int] = {}
     for path in sorted(run_dir.glob("telemetry*.jsonl")):
         for line in path.read_bytes().splitlines():
@@ -264,13 +280,15 @@ def run_job(
     write_dataset(dataset, shape.prompts, seed)
     job = seed  # a job is its prompts
     print(f"\n### {shape.name}, job {job}\n\n{HEADER}", flush=True)
-    urls = [s.url for s in started]
     order = list(settings) if job % 2 else list(reversed(settings))  # interleaved
-    targets: list[tuple[str, list[str]]] = []
+    targets: list[tuple[str, list[Any]]] = []
     for setting in order:
-        if len(urls) == 2 and setting != "auto":
-            targets += [(f"{setting} fast alone", urls[:1]), (f"{setting} slow alone", urls[1:])]
-        targets.append((setting if len(urls) == 1 else f"{setting} on both", urls))
+        if len(started) == 2 and setting != "auto":
+            targets += [
+                (f"{setting} fast alone", started[:1]),
+                (f"{setting} slow alone", started[1:]),
+            ]
+        targets.append((setting if len(started) == 1 else f"{setting} on both", started))
     for name, target in targets:
         setting = " ".join(name.split()[:2]) if name.startswith("fixed") else "auto"
         label = f"{shape.name}-j{job}-{name}".replace(" ", "-")
