@@ -27,6 +27,7 @@ import pytest
 
 from conftest import read_failures, read_records
 from realrun import (
+    SHAREGPT_ROWS,
     TRAINED_MODEL,
     assert_as_logged,
     assert_exactly_once,
@@ -46,6 +47,9 @@ POOL_TOKENS = 1024
 SMALL_POOL = ("--schedule-conservativeness", "0.1")
 RETRACTED = "sglang:num_retracted_requests_total"
 ROWS = 16  # of the bundled ShareGPT sample's 40
+# The kill tests: long enough a run that a kill at its first record lands mid-run.
+KILL_ROWS = SHAREGPT_ROWS
+KILL_TOKENS = 64
 MAX_NEW_TOKENS = 2048  # the request given up on: far longer than its deadline allows
 
 
@@ -71,12 +75,12 @@ def test_kill_9_of_the_client_then_resume_writes_every_row_once(
     the run: every row once, each record exactly what the server logged for its rid."""
     out = tmp_path / "run"
     config = write_config(
-        tmp_path / "real.toml", [real_server.url], out, max_new_tokens=32, concurrency=4
+        tmp_path / "real.toml", [real_server.url], out, max_new_tokens=KILL_TOKENS, concurrency=4
     )
     started = time.monotonic()
-    client = start_cli(*generate_args(config, "--limit", str(ROWS)), log=tmp_path / "generate.log")
+    client = start_cli(*generate_args(config), log=tmp_path / "generate.log")
     try:
-        wait_for_records(out, 4)
+        wait_for_records(out, 1)
     finally:
         kill_group(client)
     written_at_kill = len(read_records(out))
@@ -84,12 +88,12 @@ def test_kill_9_of_the_client_then_resume_writes_every_row_once(
         f"killed after {time.monotonic() - started:.0f} s, {written_at_kill} written",
         file=sys.stderr,
     )
-    assert written_at_kill < ROWS, "the run ended before the kill: nothing was tested"
+    assert written_at_kill < KILL_ROWS, "the run ended before the kill: nothing was tested"
     started = time.monotonic()
     resumed = run_cli("resume", str(out), "--no-progress")
     print(f"resumed in {time.monotonic() - started:.0f} s: {resumed.stdout}", file=sys.stderr)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-    records = assert_exactly_once(out, ROWS)
+    records = assert_exactly_once(out, KILL_ROWS)
     assert len(records) > written_at_kill
     assert_as_logged(records, RequestLog.read(real_server.request_log_dir))
 
@@ -180,26 +184,51 @@ def test_a_server_killed_and_restarted_mid_run_finishes_once(
     finishes, every row once, each record what the server (before or after) logged."""
     out = tmp_path / "run"
     config = write_config(
-        tmp_path / "real.toml", [real_server.url], out, max_new_tokens=32, concurrency=2,
+        tmp_path / "real.toml", [real_server.url], out, max_new_tokens=KILL_TOKENS, concurrency=2,
         server="down_deadline_s = 400\nbackoff_base_s = 0.2\nbackoff_max_s = 2",
     )  # fmt: skip
-    client = start_cli(*generate_args(config, "--limit", str(ROWS)), log=tmp_path / "generate.log")
+    before = rids_of(RequestLog.read(real_server.request_log_dir))
+    client = start_cli(*generate_args(config), log=tmp_path / "generate.log")
     try:
-        wait_for_records(out, 4)
+        # mid-run by the server's own account: some of the run's answers finished, not all (the
+        # run's records land in bulk, after a check of the server, so they cannot tell)
+        deadline = time.monotonic() + 300
+        while len(answered(real_server, before)) < 6:
+            assert client.poll() is None and time.monotonic() < deadline, "no answers"
+            time.sleep(0.2)
         os.killpg(real_server.process.pid, signal.SIGKILL)
         real_server.process.wait(timeout=30)
-        written_while_down = len(read_records(out))
+        answered_before_kill = answered(real_server, before)
         real_server.start()
-        print(f"restarted in {real_server.ready_seconds:.0f} s", file=sys.stderr)
+        print(
+            f"killed after {len(answered_before_kill)} answers; restarted in "
+            f"{real_server.ready_seconds:.0f} s",
+            file=sys.stderr,
+        )
         code = client.wait(timeout=600)
     finally:
         if client.poll() is None:
             kill_group(client)
     output = (tmp_path / "generate.log").read_text()
     assert code == 0, output
-    assert written_while_down < ROWS, "the run ended before the kill: nothing was tested"
-    records = assert_exactly_once(out, ROWS)
+    assert len(answered_before_kill) < KILL_ROWS, "the run ended before the kill: nothing tested"
+    records = assert_exactly_once(out, KILL_ROWS)
     assert_as_logged(records, RequestLog.read(real_server.request_log_dir))
+    after = [r for r in records if r["rid"] not in answered_before_kill]
+    assert after, "no record was answered by the restarted server"
+
+
+def answered(server: Any, before: set[str]) -> set[str]:
+    """The rids of the run's generation requests (``KILL_TOKENS`` new tokens: not the KV
+    guard's one-token probes) that the server logged as finished."""
+    log = RequestLog.read(server.request_log_dir)
+    asked = {
+        rid
+        for rid, event in log.received().items()
+        if rid not in before
+        and event["obj"].get("sampling_params", {}).get("max_new_tokens") == KILL_TOKENS
+    }
+    return asked & set(log.finished())
 
 
 def test_two_real_servers_behind_the_real_router(
