@@ -1,9 +1,10 @@
 """What the real-server tier's fault and canary tests share: the trained model, a run's config,
 the CLI as a subprocess, and the checks of a run against the server's own request log.
 
-The trained model (``src/eagledata/assets/model/tiny-llama-chatml``) answers like a chat model:
-peaked distributions, answers of 16 to ~400 tokens that end on EOS. Faults, retraction and the
-canary mean nothing on random weights, whose answers all run to ``max_new_tokens``.
+These tests serve the trained model (``TRAINED_MODEL``, ``src/eagledata/assets/model/
+tiny-llama-chatml``) whatever ``EAGLEDATA_REAL_MODEL`` says: it answers like a chat model, with
+peaked distributions and answers of 16 to ~400 tokens that end on EOS, and the canary's
+statistics, retraction and the aborts are measured on that behaviour.
 """
 
 from __future__ import annotations
@@ -18,9 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from conftest import eagledata_cmd, read_failures, read_records
-from realserver import REPO, RequestLog
+from realserver import TRAINED_MODEL, RequestLog
 
-TRAINED_MODEL = REPO / "src" / "eagledata" / "assets" / "model" / "tiny-llama-chatml"
 SHAREGPT_ROWS = 40  # the bundled sample's rows
 
 
