@@ -13,7 +13,6 @@ import collections
 import os
 import signal
 import subprocess
-import time
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -99,13 +98,6 @@ def generate_args(config: Path, *extra: str) -> tuple[str, ...]:
         "generate", "--config", str(config), "--model", str(TRAINED_MODEL), "--dataset",
         "sample", "--no-progress", "--no-canary", *extra,
     )  # fmt: skip
-
-
-def wait_for_records(out: Path, count: int, bound_s: float = 180) -> None:
-    deadline = time.monotonic() + bound_s
-    while len(read_records(out)) < count:
-        assert time.monotonic() < deadline, f"fewer than {count} records in {bound_s:.0f} s"
-        time.sleep(0.2)
 
 
 def assert_exactly_once(out: Path, rows: int, samples: int = 1) -> list[dict[str, Any]]:
