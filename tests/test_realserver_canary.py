@@ -4,7 +4,7 @@ model (the ``realserver`` tier; docs/quality.md, "The canary on the real server"
 A baseline recorded with ``eagledata canary`` from a real bf16 server with a 4,096-token pool:
 it finishes under full load (its load runs fill the pool) and its self-check passes (the
 command refuses a baseline whose self-check fails). Then ``CHECKS`` checks against the same
-healthy server raise no false alarm, and the same checks against the same model and KV cache
+healthy server raise no false alarm, and ``FLOAT32_CHECKS`` against the same model and KV cache
 computed in another dtype (``--dtype float32``) give a verdict with its statistics, recorded
 whatever it is. An fp8 KV cache cannot run here: SGLang's CPU engine requires Intel AMX for it.
 """
@@ -26,6 +26,9 @@ from realserver import RequestLog, serve
 pytestmark = [pytest.mark.realserver, pytest.mark.timeout(1800)]
 
 CHECKS = 200
+# Against float32: 200 checks measured the same statistics to the last digit (the CPU's numerics
+# are deterministic), so 20 say what 200 did in a tenth of the time.
+FLOAT32_CHECKS = 20
 # A small canary (8 x 128 scored tokens, 2 greedy probes of 32), its load runs at the default
 # 16 concurrent requests: the full load of a 4,096-token pool.
 PROBE_TOKENS = 32
@@ -62,17 +65,17 @@ def baseline(bf16_server: Any, tmp_path_factory: pytest.TempPathFactory) -> Path
     return out
 
 
-def score(url: str, baseline: Path, out: Path) -> tuple[dict[str, Any], str]:
+def score(url: str, baseline: Path, out: Path, checks: int = CHECKS) -> tuple[dict[str, Any], str]:
     started = time.monotonic()
     result = run_cli(
         "canary", "--config", str(config_for(out.parent, url)), "--model", str(TRAINED_MODEL),
-        "--against", str(baseline), "--checks", str(CHECKS), "--out", str(out), timeout=1200,
+        "--against", str(baseline), "--checks", str(checks), "--out", str(out), timeout=1200,
     )  # fmt: skip
     seconds = time.monotonic() - started
     assert result.returncode == 0, result.stdout + result.stderr
-    print(f"{CHECKS} checks in {seconds:.0f} s: {result.stdout.strip()}", file=sys.stderr)
+    print(f"{checks} checks in {seconds:.0f} s: {result.stdout.strip()}", file=sys.stderr)
     body: dict[str, Any] = json.loads(out.read_text())
-    assert len(body["checks"]) == CHECKS
+    assert len(body["checks"]) == checks
     return body, result.stdout.strip()
 
 
@@ -109,14 +112,14 @@ def test_the_canary_against_the_real_server_in_float32(
         sglang_cpu_venv, TRAINED_MODEL, tmp_path / "server", max_total_tokens=4096,
         extra_flags=("--dtype", "float32"),
     ) as server:  # fmt: skip
-        body, line = score(server.url, baseline, tmp_path / "float32.json")
+        body, line = score(server.url, baseline, tmp_path / "float32.json", FLOAT32_CHECKS)
     fired = [c for c in body["checks"] if c["fired"] or c["mismatch"]]
     worst: dict[str, list[float]] = {}
     for check in body["checks"]:
         for name, value in check["stats"].items():
             worst.setdefault(name, []).append(value)
     print(
-        f"float32 server: {len(fired)} of {CHECKS} checks fired; thresholds "
+        f"float32 server: {len(fired)} of {FLOAT32_CHECKS} checks fired; thresholds "
         f"{body['thresholds']}; statistics min/median/max "
         + ", ".join(
             f"{name} {min(v):.4g}/{sorted(v)[len(v) // 2]:.4g}/{max(v):.4g}"
