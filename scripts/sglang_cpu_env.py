@@ -82,6 +82,10 @@ def server_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment a server of this venv runs in: SGLang's CPU engine, offline."""
     environ = dict(os.environ if base is None else base)
     environ.update(OFFLINE, SGLANG_USE_CPU_ENGINE="1")
+    # One OpenMP thread per process unless told otherwise: on 2 shared cores (several servers
+    # and clients at load 15-30) torch's threads spin waiting for one another and a server
+    # decoded 3-10 tok/s; with one thread, 130-160 tok/s on the same machine.
+    environ.setdefault("OMP_NUM_THREADS", "1")
     environ.pop("PYTHONDONTWRITEBYTECODE", None)  # let the venv keep its bytecode
     return environ
 

@@ -177,6 +177,22 @@ def test_the_gate_fills_the_pool_to_its_target_and_no_further() -> None:
     assert gate.peak(0.0) <= 0.9 * 10_000
 
 
+def test_the_retraction_counter_appearing_is_a_retraction() -> None:
+    """SGLang 0.5.23 has no ``num_retracted_requests_total`` sample before its first retraction
+    (the real-server tier saw a run's only retraction go unseen): a counter that appears between
+    two samples is one; a counter already there at the first sample is history."""
+    gate = lane(usage_target=0.85)
+    assert not gate.observe(
+        LaneSample(time=0.0, load=RankLoad(0, token_usage=0.5), retracted_total=5), 0.0
+    )
+    fresh = lane(usage_target=0.85)
+    fresh.observe(LaneSample(time=0.0, load=RankLoad(0, token_usage=0.5)), 0.0)
+    assert fresh.observe(
+        LaneSample(time=1.0, load=RankLoad(0, token_usage=0.9), retracted_total=1), 1.0
+    )
+    assert fresh.target.retractions == 1
+
+
 def test_a_retraction_backs_off_and_freezes_then_calm_creeps_back() -> None:
     gate = lane(usage_target=0.85)
     gate.observe(LaneSample(time=0.0, load=RankLoad(0, token_usage=0.5), retracted_total=0), 0.0)

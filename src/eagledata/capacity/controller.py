@@ -584,13 +584,12 @@ class Lane:
         # and the queue count stay up meanwhile; only a new one is news.
         before = previous.load.retracted_waiting if previous is not None else 0
         retracted = (sample.load.retracted_waiting or 0) > (before or 0)
-        if (
-            previous is not None
-            and previous.retracted_total is not None
-            and sample.retracted_total is not None
-            and sample.retracted_total > previous.retracted_total
-        ):
-            retracted = True
+        if previous is not None and sample.retracted_total is not None:
+            # SGLang creates the counter at its first retraction: one that appears between two
+            # samples is a retraction since the last (the real server's first went unseen).
+            before_total = previous.retracted_total or 0.0
+            if sample.retracted_total > before_total:
+                retracted = True
         if retracted:
             self.target.back_off(now)
         else:

@@ -47,6 +47,7 @@ def lane_entry(lane: Lane, *, source: str, in_flight: int, fixed: int | None) ->
         rank=lane.rank,
         source=source,
         num_retracted_reqs=lane.target.retractions,
+        num_retracted_requests_total=None if lane.sample is None else lane.sample.retracted_total,
         in_flight=in_flight,
         target=fixed if fixed is not None else lane.sustainable_running(),
         target_usage=round(lane.target.value, 3) if auto else None,

@@ -424,7 +424,16 @@ class TelemetryLine(Line):
     num_queue_reqs: int | None = Field(default=None, description="requests in the server queue")
     gen_throughput: float | None = Field(default=None, description="the server's output tok/s")
     num_retracted_reqs: int = Field(
-        default=0, description="retractions the controller has seen on the lane this run"
+        default=0,
+        description="retractions the controller has backed off for on the lane this run "
+        "(retractions within 2 s of one another count once)",
+    )
+    num_retracted_requests_total: float | None = Field(
+        default=None,
+        description="the server's own retraction counter as last read (`/metrics` "
+        "`sglang:num_retracted_requests_total`, since the server started; a DP server's split "
+        "evenly over its lanes); null while the server reports none (SGLang creates the counter "
+        "at its first retraction)",
     )
     in_flight: int = Field(default=0, description="our requests in flight on the lane")
     target: int | None = Field(
