@@ -27,6 +27,7 @@ from conftest import SAMPLES, eagledata_cmd, make_config, read_records, sim_conf
 from eagledata.errors import CanaryDriftError, ServerRefusedError
 from eagledata.run import pipeline
 from eagledata.rundir.verify import verify_run
+from eagledata.server.verdict import REFUSAL_FIX
 from eagledata.simserver import SimServerThread
 
 pytest.importorskip(
@@ -213,7 +214,8 @@ def test_a_worker_switched_to_fp8_behind_the_fleet_is_refused_by_name(
         with pytest.raises(ServerRefusedError) as caught:
             pipeline.generate(make_config([url], tmp_path / "run"), DATASET, None, progress=False)
     assert str(caught.value) == (
-        f"{second.url} (behind the router {url}) refused: kv_cache_dtype is 'fp8_e4m3', not bf16"
+        f"{second.url} (behind the router {url}) refused: kv_cache_dtype is 'fp8_e4m3', not bf16. "
+        f"Fix: {REFUSAL_FIX}"
     )
     assert first.stats()["requests"] == second.stats()["requests"] == 0
     assert not read_records(tmp_path / "run")
