@@ -7,7 +7,8 @@ canary had complained that it found no usable prompt.
 from __future__ import annotations
 
 from eagledata.errors import BadRowError, DatasetError
-from eagledata.source.dataset import LOCAL_BUILDERS, ResolvedDataset, iter_rows, local_path
+from eagledata.source.dataset import ResolvedDataset, iter_rows, local_path
+from eagledata.source.formats import file_type
 from eagledata.source.prompts import to_messages
 
 PREFLIGHT_ROWS = 20
@@ -33,7 +34,7 @@ def _prompt_field_fix(dataset: ResolvedDataset, first_row: dict[str, object] | N
 def check_first_rows(dataset: ResolvedDataset, config_source: str | None = None) -> None:
     """Raise ``DatasetError`` when a local file holds no row, or when every one of its first
     rows fails the same way (a few bad rows among good ones go to the failure file as usual)."""
-    if local_path(dataset.settings).suffix not in LOCAL_BUILDERS:
+    if file_type(local_path(dataset.settings)) is None:
         return  # a hub dataset: read once, by the run itself
     reasons: list[tuple[str, str]] = []
     first_row: dict[str, object] | None = None
