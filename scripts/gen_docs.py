@@ -124,9 +124,28 @@ def row_schemas_table() -> str:
     return "\n".join(rows) + "\n"
 
 
+def load_signals_table() -> str:
+    from eagledata.server.load_signals import LOAD_SIGNALS
+
+    rows = ["| source | asked | offered | gives | read |", "|---|---|---|---|---|"]
+    for rank, signal in enumerate(LOAD_SIGNALS.values()):
+        if rank == 0:
+            read = "first"
+        elif signal.supplements is not None:
+            read = "always: fills in a better one, else stands in for it"
+        else:
+            read = "when none above answers"
+        rows.append(
+            f"| `{signal.name}` | `GET {signal.route}` | {_cell(signal.since)} | "
+            f"{_cell(signal.summary)} | {read} |"
+        )
+    return "\n".join(rows) + "\n"
+
+
 REGISTRIES = {
     "dataset-files": dataset_files_table,
     "row-schemas": row_schemas_table,
+    "load-signals": load_signals_table,
 }
 """The registries whose tables the docs hold, by the name their block gives."""
 

@@ -1,24 +1,32 @@
 """An extension point's help and docs come from its registry: a format added to
 ``export/formats.py`` is offered by ``eagledata export --help`` with its one-line summary; a data
 file type added to ``source/formats.py`` or a row shape to ``source/prompts.py`` is offered by
-``--dataset``'s help, the errors and the docs' tables, with nothing else to edit; and nothing
-lists one that is not registered."""
+``--dataset``'s help, the errors and the docs' tables; a load signal added to
+``server/load_signals.py`` is asked in its place and named by the docs and messages: nothing
+else to edit, and nothing lists one that is not registered."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 from pathlib import Path
-from typing import get_args
+from typing import Any, cast, get_args
 
 import pytest
 from pydantic import ValidationError
 from typer.testing import CliRunner
 
+from conftest import sim_config
 from eagledata.cli import app
 from eagledata.cli.data_commands import DATASET_HELP
 from eagledata.config import DatasetSettings, Schema
 from eagledata.errors import BadRowError, DatasetError
 from eagledata.export.formats import FORMATS
+from eagledata.server import control
+from eagledata.server.client import SGLangClient
+from eagledata.server.load_signals import LOAD_SIGNALS, LoadSignal, routes_named
+from eagledata.server.loads import LoadSource, RankLoad, ServerLoad
+from eagledata.simserver import SimServerThread
 from eagledata.source.dataset import resolve_dataset
 from eagledata.source.formats import FILE_TYPES, suffixes
 from eagledata.source.prompts import ROW_SCHEMAS, detect_schema
@@ -145,3 +153,65 @@ def test_auto_finds_each_registered_row_shape_by_its_field() -> None:
         detect_schema({"text": "hi"}, settings)
     for shape in ROW_SCHEMAS.values():
         assert (shape.field or repr(settings.prompt_field)) in str(caught.value)
+
+
+# --- load signals: server/load_signals.py ---------------------------------------------------------
+
+
+def _read_load(url: str) -> ServerLoad | None:
+    async def read() -> ServerLoad | None:
+        async with SGLangClient([url], in_flight=1) as client:
+            return await client.read_load(url)
+
+    return asyncio.run(read())
+
+
+def _sim(tokenizer_dir: str, **fields: Any) -> SimServerThread:
+    return SimServerThread(sim_config(tokenizer_dir, engine="sglang", **fields))
+
+
+def test_telemetry_names_exactly_the_registered_load_signals() -> None:
+    assert get_args(LoadSource) == tuple(LOAD_SIGNALS)
+    root = Path(__file__).resolve().parent.parent
+    example = re.search(r'"source": "([\w|]+)"', (root / "docs" / "run-directory.md").read_text())
+    assert example and example.group(1).split("|") == [*LOAD_SIGNALS, "none"]
+
+
+def test_the_docs_table_holds_exactly_the_registered_load_signals() -> None:
+    text = (Path(__file__).resolve().parent.parent / "docs" / "sglang.md").read_text()
+    table = re.search(r"<!-- registry: load-signals -->\n(.*?)<!-- /registry -->", text, re.S)
+    assert table
+    listed = re.findall(r"^\| `(\w+)` \| `GET (\S+)`", table.group(1), re.M)
+    assert listed == [(signal.name, signal.route) for signal in LOAD_SIGNALS.values()]
+
+
+def test_the_signals_are_asked_in_the_registrys_order(
+    tokenizer_dir: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A 0.5.9 server offers all three: the first registered wins, and /metrics still adds the
+    retraction counter to it."""
+    reordered = {name: LOAD_SIGNALS[name] for name in ("get_load", "loads", "metrics")}
+    monkeypatch.setattr(control, "LOAD_SIGNALS", reordered)
+    with _sim(tokenizer_dir) as sim:
+        load = _read_load(sim.url)
+    assert load is not None and load.source == "get_load"
+    assert load.retracted_total is not None  # from /metrics, which supplements
+
+
+def test_a_load_signal_is_one_entry_of_the_registry(
+    tokenizer_dir: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server with none of today's signals, read through a new one registered last."""
+
+    def from_server_info(body: Any) -> ServerLoad | None:
+        running = body.get("num_running_reqs", 0) if isinstance(body, dict) else None
+        return ServerLoad(cast(LoadSource, "server_info"), (RankLoad(rank=0, running=running),))
+
+    added = LoadSignal(
+        cast(LoadSource, "server_info"), "/server_info", from_server_info, "any", "a test's"
+    )
+    monkeypatch.setitem(LOAD_SIGNALS, added.name, added)
+    with _sim(tokenizer_dir, hide_load_routes=True) as sim:
+        load = _read_load(sim.url)
+    assert load is not None and str(load.source) == "server_info"
+    assert routes_named().endswith("/get_load and /server_info")
