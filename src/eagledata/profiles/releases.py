@@ -138,6 +138,24 @@ def get_release(version: str) -> Release | None:
     return next((r for r in releases() if r.version == version), None)
 
 
+def releases_from(minimum: str) -> list[Release]:
+    """Every supported release at or above ``minimum`` (PEP 440 order), oldest first: the
+    releases of a profile whose ``min_release`` it is."""
+    floor = version_key(minimum)
+    return [release for release in releases() if release.key >= floor]
+
+
+def oldest_form(args: Mapping[str, object]) -> Release | None:
+    """The oldest release from which every supported release has a form of ``args``: the
+    ``min_release`` those flags need. None when the newest has none."""
+    oldest = None
+    for release in reversed(releases()):
+        if unsupported(args, release):
+            break
+        oldest = release
+    return oldest
+
+
 def release_for(version: str | None) -> tuple[Release, bool]:
     """How to read a server that says it runs ``version``: ``(release, known)``. An unknown
     version is read as the newest known release at or below it (the oldest, below them all),
