@@ -40,6 +40,20 @@ def test_export_help_offers_every_registered_format_with_its_summary() -> None:
         assert "".join(f"{name}: {form.summary}".split()) in flat, name
 
 
+def test_the_docs_name_exactly_the_registered_export_formats() -> None:
+    """docs/export.md's usage line and its table, and guide.md's table of lossy routes."""
+    docs = Path(__file__).resolve().parent.parent / "docs"
+    export = (docs / "export.md").read_text()
+    usage = re.search(r"\[--format ([\w|]+)\]", export)
+    assert usage and usage.group(1).split("|") == list(FORMATS)
+    for text, header in (
+        (export, "| format | PATH |"),
+        ((docs / "guide.md").read_text(), "| `--format` |"),
+    ):
+        table = text[text.index(header) :].split("\n\n")[0]
+        assert re.findall(r"^\| `(\w+)`", table, re.M) == list(FORMATS), header
+
+
 def test_the_cli_reads_the_registry_without_loading_the_exporter() -> None:
     """Every command's start pays for the registry, not for the exporter behind it."""
     import subprocess
@@ -215,3 +229,16 @@ def test_a_load_signal_is_one_entry_of_the_registry(
         load = _read_load(sim.url)
     assert load is not None and str(load.source) == "server_info"
     assert routes_named().endswith("/get_load and /server_info")
+
+
+# --- SGLang releases: configs/sglang-releases/ ----------------------------------------------------
+
+
+def test_sim_server_help_offers_exactly_the_supported_releases() -> None:
+    from eagledata.profiles.releases import release_names, supported_versions
+
+    assert release_names() == supported_versions()
+    result = CliRunner().invoke(app, ["sim-server", "--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    shapes = re.search(r"/generate\s+shapes\s+\(([^)]*)\)", result.output)
+    assert shapes and re.split(r",\s*", shapes.group(1).strip()) == supported_versions()

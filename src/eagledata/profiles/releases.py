@@ -129,6 +129,15 @@ def releases() -> tuple[Release, ...]:
     return tuple(sorted(found, key=lambda r: r.key))
 
 
+def release_names() -> list[str]:
+    """The supported releases, oldest first, from the files' names alone (each file's version
+    is its name, ``_load_release``): cheap enough for ``--help``."""
+    directory = shipped_path(RELEASES_DIR)
+    if directory is None or not directory.is_dir():
+        return []
+    return sorted((path.stem for path in directory.glob("*.toml")), key=version_key)
+
+
 def supported_versions() -> list[str]:
     return [release.version for release in releases()]
 
