@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from eagledata.errors import BadRowError, DatasetError
 from eagledata.source.dataset import ResolvedDataset, iter_rows, local_path
-from eagledata.source.formats import file_type
-from eagledata.source.prompts import to_messages
+from eagledata.source.formats import file_type, one_of
+from eagledata.source.prompts import ROW_SCHEMAS, to_messages
 
 PREFLIGHT_ROWS = 20
 """Rows read up front: enough to tell a file of another shape from a few bad rows."""
@@ -27,8 +27,13 @@ def _prompt_field_fix(dataset: ResolvedDataset, first_row: dict[str, object] | N
     return (
         f"add to the config [datasets.{dataset.name}] source = "
         f'"{dataset.settings.source}", prompt_field = "{column}" and pass --dataset '
-        f"{dataset.name}, or convert the file to conversations, messages or a prompt column"
+        f"{dataset.name}, or convert the file to {_shapes()}"
     )
+
+
+def _shapes() -> str:
+    """The row shapes a file may be converted to, as the fix names them (``ROW_SCHEMAS``)."""
+    return one_of([shape.field or "a prompt column" for shape in ROW_SCHEMAS.values()])
 
 
 def check_first_rows(dataset: ResolvedDataset, config_source: str | None = None) -> None:
