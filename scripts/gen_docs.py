@@ -8,7 +8,7 @@
   docstring (what it owns). A module without a docstring fails the check.
 * any doc: each ``<!-- registry: NAME -->`` ... ``<!-- /registry -->`` block is replaced by the
   table of that extension point's registry (``REGISTRIES``): the data files and row shapes a
-  dataset may have, the load signals a server may offer, the export formats.
+  dataset may have (docs/guide.md), the load signals a server may offer (docs/sglang.md).
 
     python scripts/gen_docs.py           # rewrite the docs
     python scripts/gen_docs.py --check   # exit 1 (and name the docs) if one is stale
