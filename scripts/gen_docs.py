@@ -6,6 +6,9 @@
 * docs/architecture.md: the ``<!-- modules -->`` ... ``<!-- /modules -->`` block is replaced by
   the module map: every module of the package, by package, with the first sentence of its
   docstring (what it owns). A module without a docstring fails the check.
+* any doc: each ``<!-- registry: NAME -->`` ... ``<!-- /registry -->`` block is replaced by the
+  table of that extension point's registry (``REGISTRIES``): the data files and row shapes a
+  dataset may have (docs/guide.md), the load signals a server may offer (docs/sglang.md).
 
     python scripts/gen_docs.py           # rewrite the docs
     python scripts/gen_docs.py --check   # exit 1 (and name the docs) if one is stale
@@ -16,6 +19,7 @@ from __future__ import annotations
 import ast
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import orjson
@@ -29,6 +33,7 @@ ARCHITECTURE = REPO / "docs" / "architecture.md"
 PACKAGE = REPO / "src" / "eagledata"
 BLOCK = re.compile(r"(<!-- fields: (\w+) -->\n)(.*?)(<!-- /fields -->)", re.S)
 MODULES = re.compile(r"(<!-- modules -->\n)(.*?)(<!-- /modules -->)", re.S)
+REGISTRY = re.compile(r"(<!-- registry: ([\w-]+) -->\n)(.*?)(<!-- /registry -->)", re.S)
 
 
 def type_name(annotation: object) -> str:
@@ -95,9 +100,85 @@ def render_architecture(text: str) -> str:
     return MODULES.sub(lambda m: m.group(1) + module_map() + m.group(3), text)
 
 
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def dataset_files_table() -> str:
+    from eagledata.source.formats import FILE_TYPES
+
+    rows = ["| file | holds | rows counted up front (a mix's row count) |", "|---|---|---|"]
+    for kind in FILE_TYPES.values():
+        counted = "yes" if kind.count is not None else "no: give a share"
+        rows.append(f"| `{kind.suffix}` | {_cell(kind.summary)} | {counted} |")
+    return "\n".join(rows) + "\n"
+
+
+def row_schemas_table() -> str:
+    from eagledata.source.prompts import ROW_SCHEMAS
+
+    rows = ["| schema | a row | found under `auto` by the field |", "|---|---|---|"]
+    for shape in ROW_SCHEMAS.values():
+        field = f"`{shape.field}`" if shape.field else "`prompt_field`'s"
+        rows.append(f"| `{shape.name}` | {_cell(shape.summary)} | {field} |")
+    return "\n".join(rows) + "\n"
+
+
+def load_signals_table() -> str:
+    from eagledata.server.load_signals import LOAD_SIGNALS
+
+    rows = ["| source | asked | offered | gives | read |", "|---|---|---|---|---|"]
+    for rank, signal in enumerate(LOAD_SIGNALS.values()):
+        if rank == 0:
+            read = "first"
+        elif signal.supplements is not None:
+            read = "always: fills in a better one, else stands in for it"
+        else:
+            read = "when none above answers"
+        rows.append(
+            f"| `{signal.name}` | `GET {signal.route}` | {_cell(signal.since)} | "
+            f"{_cell(signal.summary)} | {read} |"
+        )
+    return "\n".join(rows) + "\n"
+
+
+REGISTRIES = {
+    "dataset-files": dataset_files_table,
+    "row-schemas": row_schemas_table,
+    "load-signals": load_signals_table,
+}
+"""The registries whose tables the docs hold, by the name their block gives."""
+
+
+def render_registries(text: str) -> str:
+    def fill(match: re.Match[str]) -> str:
+        name = match.group(2)
+        if name not in REGISTRIES:
+            raise SystemExit(f"no registry {name!r} (known: {', '.join(REGISTRIES)})")
+        return match.group(1) + REGISTRIES[name]() + match.group(4)
+
+    return REGISTRY.sub(fill, text)
+
+
+def generated_docs() -> list[tuple[Path, Callable[[str], str]]]:
+    """Every doc with a generated part, and what rewrites it."""
+    own: dict[Path, Callable[[str], str]] = {DOC: render, ARCHITECTURE: render_architecture}
+    docs: list[tuple[Path, Callable[[str], str]]] = []
+    for path in sorted((REPO / "docs").glob("*.md")):
+        first = own.get(path)
+        if first is None and not REGISTRY.search(path.read_text()):
+            continue
+        docs.append((path, _then_registries(first)))
+    return docs
+
+
+def _then_registries(first: Callable[[str], str] | None) -> Callable[[str], str]:
+    return lambda text: render_registries(first(text) if first else text)
+
+
 def main(argv: list[str]) -> int:
     stale = []
-    for doc, fill in ((DOC, render), (ARCHITECTURE, render_architecture)):
+    for doc, fill in generated_docs():
         text = doc.read_text()
         fresh = fill(text)
         if fresh == text:

@@ -84,7 +84,7 @@ def _profile_data(name: str) -> dict[str, Any]:
 @pytest.mark.parametrize(
     ("mutate", "message"),
     [
-        (lambda d: d.update(sglang_versions=["0.5.9"]), "lacks set_eagle3_layers_to_capture"),
+        (lambda d: d.update(min_release="0.5.9"), "lacks set_eagle3_layers_to_capture"),
         (lambda d: d["sglang_args"].update({"dcp-size": 8}), "refuses any speculative algorithm"),
         (lambda d: d.pop("draft"), "needs a [draft] table"),
         (lambda d: d["sglang_args"].pop("max-running-requests"), "resets it to 48"),

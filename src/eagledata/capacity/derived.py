@@ -28,7 +28,7 @@ import re
 from eagledata.errors import ConfigError
 from eagledata.profiles.kv import KIMI_K25_BF16_BYTES_PER_TOKEN, KVModel
 from eagledata.profiles.profile import Profile, ThroughputSection
-from eagledata.profiles.releases import releases, unsupported
+from eagledata.profiles.releases import oldest_form, releases
 from eagledata.profiles.rigs import Rig
 from eagledata.profiles.sections import ModelSection
 from eagledata.profiles.sglang_args import ArgValue
@@ -162,7 +162,8 @@ def _profile(
         + (f" --nnodes {nnodes}, on each node with --node-rank R" if nnodes > 1 else "")
         + "): the KV tokens its start-up log allocates, and status's tok/s",
         notes=[f"{servers} servers of TP{tp} per node"] if servers > 1 else [],
-        sglang_versions=[r.version for r in releases() if not unsupported(args, r)],
+        # none has a form: the newest, which the profile's check then refuses, saying why
+        min_release=(oldest_form(args) or releases()[-1]).version,
         sglang_args=args,
         model=section,
         throughput=ThroughputSection(step_base_s=step_base, step_per_request_s=step_per_request),

@@ -19,6 +19,13 @@ from eagledata.cli.shell import (
     load_app_config,
     read_chat_template,
 )
+from eagledata.source.formats import suffixes
+
+DATASET_HELP = (
+    f"Config dataset or mix name, a {'/'.join(suffixes())} file, or a hub id; repeat it for one "
+    "run of several datasets"
+)
+"""``--dataset``'s help, from the data files' registry (``source/formats.py``)."""
 
 
 def generate(
@@ -28,8 +35,7 @@ def generate(
             "--dataset",
             "-d",
             metavar="NAME|PATH",
-            help="Config dataset or mix name, a .jsonl/.json/.parquet file, or a hub id; repeat "
-            "it for one run of several datasets",
+            help=DATASET_HELP,
         ),
     ],
     config: ConfigOpt = None,

@@ -18,6 +18,7 @@ from eagledata.cli.shell import (
     server_settings,
 )
 from eagledata.config import ServerSettings
+from eagledata.profiles.releases import release_names
 
 
 def check_server(
@@ -193,7 +194,7 @@ def sim_server(
         typer.Option(
             metavar="V",
             help="The SGLang release it speaks: its /server_info, /v1/loads, /metrics and "
-            "/generate shapes (0.5.9, 0.5.15.post1, 0.5.23)",
+            f"/generate shapes ({', '.join(release_names())})",
         ),
     ] = "0.5.9",
     latency: Annotated[float, typer.Option(help="Seconds per request")] = 0.0,

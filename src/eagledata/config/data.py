@@ -85,13 +85,16 @@ sample ``s`` is seeded ``r * SEEDS_PER_ROUND + s`` and round 0 keeps the seeds r
 
 
 Schema = Literal["sharegpt", "messages", "prompt"]
-"""The row shapes a dataset may have (``source/prompts.py`` reads each)."""
+"""The row shapes a dataset may have, by name: the settings' check. Each is read by its entry of
+``source/prompts.py``'s ``ROW_SCHEMAS`` (``tests/test_registries.py`` keeps the two in step)."""
 SchemaName = Literal["auto", Schema]
 """A dataset's ``schema`` setting: one of them, or ``auto`` (found from the first row's fields)."""
 
 
 class DatasetSettings(Strict):
-    source: str = Field(description="Local .jsonl/.json/.parquet path, hub id, or 'bundled:...'")
+    source: str = Field(
+        description="A local data file (its types: source/formats.py), hub id, or 'bundled:...'"
+    )
     subset: str | None = Field(None, description="Hub config name")
     split: str = "train"
     schema_: SchemaName = Field("auto", alias="schema")

@@ -17,10 +17,13 @@ can never drift apart:
 A server over several nodes says ``nnodes`` in ``[sglang_args]``; which node a command is for
 (``--node-rank``, ``--dist-init-addr``) is ``launch-server``'s to add, never the profile's.
 
-``sglang_versions`` lists the SGLang releases the profile runs on; ``[sglang_args]`` is written
-once and rendered in each release's spelling (``profiles/releases.py``: ``--cuda-graph-max-bs``
-became ``--cuda-graph-max-bs-decode``, ``--enable-dp-attention`` became ``--attn-dp-size``). A
-release that lacks one of the profile's flags, or refuses its combination, cannot be listed.
+``min_release`` names the oldest SGLang release the profile runs on; it runs on every supported
+release from it on (the list is ``configs/sglang-releases/``, one file a release, and
+``sglang_versions`` reads it). ``[sglang_args]`` is written once and rendered in each release's
+spelling (``profiles/releases.py``: ``--cuda-graph-max-bs`` became ``--cuda-graph-max-bs-decode``,
+``--enable-dp-attention`` became ``--attn-dp-size``). A release from ``min_release`` on that
+lacks one of the profile's flags, or refuses its combination, is an error naming the release the
+flags need.
 
 Every launchable profile passes ``--kv-cache-dtype bf16``. A profile with another KV dtype may
 exist only as ``plan_only = true`` (a comparison row for ``plan``); ``launch-server`` refuses it.
@@ -34,17 +37,20 @@ finding and reading the files ``profiles/loading.py``'s.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 
 from eagledata.errors import ConfigError
 from eagledata.profiles.releases import (
     Release,
     get_release,
+    oldest_form,
+    releases_from,
     render_args,
     supported_versions,
     unsupported,
+    version_key,
 )
 from eagledata.profiles.rigs import rig_names
 from eagledata.profiles.sections import DraftSection, ModelSection, ServerSection
@@ -67,8 +73,9 @@ class Profile(BaseModel):
     description: str = ""
     status: str = ""
     notes: list[str] = []
-    sglang_versions: Annotated[list[str], Field(min_length=1)]
-    """The SGLang releases the profile runs on (each a file of ``configs/sglang-releases/``)."""
+    min_release: str
+    """The oldest SGLang release the profile runs on (a file of ``configs/sglang-releases/``);
+    it runs on every supported release from it on (``sglang_versions``)."""
     plan_only: bool = False
     server: ServerSection = ServerSection()
     sglang_args: dict[str, ArgValue]
@@ -90,11 +97,15 @@ class Profile(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _renamed_fields(cls, data: Any) -> Any:
-        if isinstance(data, dict) and "sglang_version" in data:
-            raise ValueError(
-                "sglang_version: now sglang_versions, a list of the releases the profile runs "
-                f"on (known: {', '.join(supported_versions())})"
-            )
+        for old in ("sglang_version", "sglang_versions"):
+            if isinstance(data, dict) and old in data:
+                listed = data[old] if isinstance(data[old], list) else [data[old]]
+                oldest = min((str(v) for v in listed), key=version_key, default="0.5.9")
+                raise ValueError(
+                    f"{old}: now min_release, the oldest release the profile runs on (it runs "
+                    f'on every supported release from it on): write min_release = "{oldest}" '
+                    f"(supported: {', '.join(supported_versions())})"
+                )
         if isinstance(data, dict) and "hardware" in data:
             raise ValueError(
                 "[hardware]: the GPUs now live in configs/rigs.toml (plan --rig NAME); what the "
@@ -116,18 +127,15 @@ class Profile(BaseModel):
             raise ValueError("list at least one rig, or leave rigs out (the reference rig)")
         return names
 
-    @field_validator("sglang_versions")
+    @field_validator("min_release")
     @classmethod
-    def _known_releases(cls, versions: list[str]) -> list[str]:
+    def _known_release(cls, version: str) -> str:
         known = supported_versions()
-        for version in versions:
-            if version not in known:
-                raise ValueError(
-                    f"{version!r} is not a release eagledata supports (known: {', '.join(known)})"
-                )
-        if len(set(versions)) != len(versions):
-            raise ValueError("a release is listed twice")
-        return versions
+        if version not in known:
+            raise ValueError(
+                f"{version!r} is not a release eagledata supports (known: {', '.join(known)})"
+            )
+        return version
 
     @field_validator("sglang_args")
     @classmethod
@@ -176,18 +184,34 @@ class Profile(BaseModel):
                     "and embedding weights each GPU holds under DP attention)"
                 )
         problems += speculative_problems(self.sglang_args, self.draft)
-        for version in self.sglang_versions:
-            release = get_release(version)
-            assert release is not None  # checked by _known_releases
-            problems += [
-                f"sglang_versions: {version}: {why}"
-                for why in unsupported(self.sglang_args, release)
-            ]
+        problems += self._release_problems()
         if problems:
             raise ValueError("; ".join(problems))
         return self
 
+    def _release_problems(self) -> list[str]:
+        """Each release from ``min_release`` on that has no form of the flags, and the fix: the
+        release they need."""
+        problems = [
+            f"min_release: sglang {release.version}: {why}"
+            for release in releases_from(self.min_release)
+            for why in unsupported(self.sglang_args, release)
+        ]
+        if problems:
+            needed = oldest_form(self.sglang_args)
+            problems.append(
+                f'these flags need SGLang >= {needed.version}: set min_release = "{needed.version}"'
+                if needed is not None
+                else "no supported release has a form of these flags"
+            )
+        return problems
+
     # --- what the planner and the launcher read --------------------------------------------
+
+    @property
+    def sglang_versions(self) -> list[str]:
+        """Every supported release the profile runs on: ``min_release`` and those after it."""
+        return [release.version for release in releases_from(self.min_release)]
 
     @property
     def kv_cache_dtype(self) -> str:
@@ -273,8 +297,8 @@ class Profile(BaseModel):
             elif version not in supported_versions():
                 why = " (not a release eagledata knows)"
             raise ConfigError(
-                f"profile {self.name} has no form for sglang {version}{why}; it runs on "
-                f"{', '.join(self.sglang_versions)}"
+                f"profile {self.name} has no form for sglang {version}{why}; it needs SGLang "
+                f">= {self.min_release}; it runs on {', '.join(self.sglang_versions)}"
             )
         return release
 

@@ -129,6 +129,15 @@ def releases() -> tuple[Release, ...]:
     return tuple(sorted(found, key=lambda r: r.key))
 
 
+def release_names() -> list[str]:
+    """The supported releases, oldest first, from the files' names alone (each file's version
+    is its name, ``_load_release``): cheap enough for ``--help``."""
+    directory = shipped_path(RELEASES_DIR)
+    if directory is None or not directory.is_dir():
+        return []
+    return sorted((path.stem for path in directory.glob("*.toml")), key=version_key)
+
+
 def supported_versions() -> list[str]:
     return [release.version for release in releases()]
 
@@ -136,6 +145,24 @@ def supported_versions() -> list[str]:
 def get_release(version: str) -> Release | None:
     """The release file of exactly ``version``; None when eagledata does not know it."""
     return next((r for r in releases() if r.version == version), None)
+
+
+def releases_from(minimum: str) -> list[Release]:
+    """Every supported release at or above ``minimum`` (PEP 440 order), oldest first: the
+    releases of a profile whose ``min_release`` it is."""
+    floor = version_key(minimum)
+    return [release for release in releases() if release.key >= floor]
+
+
+def oldest_form(args: Mapping[str, object]) -> Release | None:
+    """The oldest release from which every supported release has a form of ``args``: the
+    ``min_release`` those flags need. None when the newest has none."""
+    oldest = None
+    for release in reversed(releases()):
+        if unsupported(args, release):
+            break
+        oldest = release
+    return oldest
 
 
 def release_for(version: str | None) -> tuple[Release, bool]:

@@ -24,6 +24,7 @@ from eagledata.report.plotting import (
 from eagledata.report.rundata import LoadSeries, RunData
 from eagledata.report.sections import Plot, duration, missing
 from eagledata.rundir.rates import MIN_RATED_S, TOO_SHORT
+from eagledata.server.load_signals import routes_named
 
 # Bin widths for the rate plot, seconds: the smallest that leaves at most MAX_BINS bins.
 BIN_WIDTHS = (
@@ -200,7 +201,7 @@ def load_plot(data: RunData) -> Plot:
             key,
             title,
             "telemetry.jsonl holds no KV usage or running counts: the servers exported no load "
-            "endpoint (/v1/loads, /metrics or /get_load).",
+            f"endpoint ({routes_named(last='or')}).",
         )
     samples = sum(len(data.load[label].time) for label in usable)
     if samples < MIN_LOAD_SAMPLES * len(usable):

@@ -1,8 +1,8 @@
 """The live side of ``--concurrency auto``: read each server's load, gate and route requests.
 
 ``capacity/controller.py`` owns the numbers; this module feeds it. Every ``poll_interval_s`` it
-reads each server's load through the client (``/v1/loads``, else ``/metrics``, else
-``/get_load``; behind an sglang-router, each worker's), updates that server's lanes (one per DP
+reads each server's load through the client (its best signal, ``server/load_signals.py``;
+behind an sglang-router, each worker's), updates that server's lanes (one per DP
 rank when the server runs DP attention, each request pinned to its rank with the field the
 server's release knows), and every
 ``telemetry_interval_s`` writes one ``telemetry.jsonl`` line per lane. Senders ``acquire`` a
@@ -50,6 +50,7 @@ from eagledata.run.telemetry import forecast_usage, lane_entry
 from eagledata.rundir.lines import TelemetryLine
 from eagledata.rundir.telemetry import TelemetryLog, lane_name
 from eagledata.server.client import SGLangClient
+from eagledata.server.load_signals import routes_named
 from eagledata.server.loads import ServerLoad, in_logical_tokens, merge_workers
 from eagledata.server.serverfacts import ServerFacts
 
@@ -483,7 +484,7 @@ class LoadController:
         if self.auto and url not in self._fallback_said:
             self._fallback_said.add(url)
             self.note(
-                f"{url} reports no load (/v1/loads, /metrics and /get_load all missing): "
+                f"{url} reports no load ({routes_named()} all missing): "
                 f"--concurrency auto keeps {per_lane * len(lanes)} in flight there, the "
                 "planner's number; launch it with --enable-metrics for the live controller"
             )

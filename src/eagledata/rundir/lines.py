@@ -417,7 +417,8 @@ class TelemetryLine(Line):
     server: str = Field(description="the server URL (a router: its workers together)")
     rank: int | None = Field(default=None, description="the DP rank; null for a whole server")
     source: str = Field(
-        description="the signal read: `loads` (`/v1/loads`), `metrics`, `get_load`, or `none`"
+        description="the load signal read, by its name in docs/sglang.md's table of them, or "
+        "`none` (the server offers none)"
     )
     token_usage: float | None = Field(default=None, description="the KV pool's used share")
     num_running_reqs: int | None = Field(default=None, description="requests decoding")

@@ -1,5 +1,5 @@
 """The control calls to an SGLang server, beside the data path: ``/health``, its facts
-(``/server_info``), its live load (``/v1/loads``, ``/metrics``, ``/get_load``), the workers of an
+(``/server_info``), its live load (the signals of ``server/load_signals.py``), the workers of an
 sglang-router, and aborting a generation given up on.
 
 ``SGLangClient`` (``server/client.py``) holds one ``ControlCalls`` over its own pools and offers
@@ -26,16 +26,11 @@ from eagledata.server.bodies import (
     get_bounded,
     read_bounded,
 )
-from eagledata.server.loads import (
-    ServerLoad,
-    parse_get_load,
-    parse_metrics,
-    parse_v1_loads,
-    with_retractions,
-)
+from eagledata.server.load_signals import LOAD_SIGNALS
+from eagledata.server.loads import ServerLoad
 from eagledata.server.pools import Pools
 
-LOADS_ROUTE = "/v1/loads?include=core,memory,spec,queues"
+LOADS_ROUTE = LOAD_SIGNALS["loads"].route
 """The sections eagledata reads; every release from 0.5.8 knows these four names (an unknown
 one is a 400 in 0.5.23, ``managers/load_snapshot.py``)."""
 
@@ -125,27 +120,23 @@ class ControlCalls:
         raise ServerError(f"{url}: no server facts ({last_error}); is it an SGLang server?")
 
     async def read_load(self, url: str) -> ServerLoad | None:
-        """The server's live load from the best signal it offers (``server/loads.py``):
-        ``/v1/loads`` (with ``/metrics`` for the retraction counter), else ``/metrics``, else
-        ``/get_load``. None when it offers none or cannot be reached; a route that answers 404
-        once is not asked again. ``/v1/loads`` sends its ``speculative`` section (the measured
-        acceptance) only when asked for ``spec``."""
+        """The server's live load from the best signal it offers (``server/load_signals.py``,
+        best first), with what a supplementing one adds to it. None when it offers none or
+        cannot be reached; a route that answers 404 once is not asked again."""
         missing = self._missing_load_routes.setdefault(url, set())
-        loads = metrics = None
-        if "/v1/loads" not in missing:
-            body = await self._load_route(url, LOADS_ROUTE, missing)
-            loads = parse_v1_loads(body) if body is not None else None
-        if "/metrics" not in missing:
-            text = await self._load_route(url, "/metrics", missing, text=True)
-            metrics = parse_metrics(text) if isinstance(text, str) else None
-        if loads is not None:
-            return with_retractions(loads, metrics)
-        if metrics is not None:
-            return metrics
-        if "/get_load" not in missing:
-            body = await self._load_route(url, "/get_load", missing)
-            return parse_get_load(body) if body is not None else None
-        return None
+        found: ServerLoad | None = None
+        for signal in LOAD_SIGNALS.values():
+            if signal.path in missing or (found is not None and signal.supplements is None):
+                continue
+            answer = await self._load_route(url, signal.route, missing, text=signal.text)
+            load = signal.parse(answer) if answer is not None else None
+            if load is None:
+                continue
+            if found is None:
+                found = load
+            elif signal.supplements is not None:
+                found = signal.supplements(found, load)
+        return found
 
     async def _load_route(
         self, url: str, route: str, missing: set[str], *, text: bool = False

@@ -77,6 +77,6 @@ def choose_version(
         )
     raise LaunchError(
         f"no sglang installed for {python} (SGLANG_PYTHON). Fix: pip install "
-        f"sglang=={profile.newest_version} (profile {profile.name} runs on "
-        f"{', '.join(profile.sglang_versions)})"
+        f"sglang=={profile.newest_version} (profile {profile.name} needs SGLang >= "
+        f"{profile.min_release})"
     )

@@ -1,6 +1,7 @@
-"""A server's live load, from whichever signal it offers, without HTTP (``control`` reads them).
+"""A server's live load, parsed from whichever signal it offers, without HTTP.
 
-Three sources, best first (``docs/sglang.md``, "Load signals", with the versions that have them):
+The signals, their routes and their order are registered in ``server/load_signals.py``
+(``control`` asks them); each one's parser is here (``docs/sglang.md``, "Load signals"):
 
 * ``GET /v1/loads`` (SGLang 0.5.8+): per DP rank ``num_running_reqs``, ``num_waiting_reqs``,
   ``num_used_tokens``, ``max_total_num_tokens``, ``token_usage`` (live), ``gen_throughput`` (0
@@ -12,14 +13,14 @@ Three sources, best first (``docs/sglang.md``, "Load signals", with the versions
 * ``GET /get_load`` (deprecated, gone in 0.5.21): per rank ``num_reqs``, ``num_waiting_reqs`` and
   ``num_tokens`` (used + queued tokens); no pool size, no usage.
 
-**The extension point for a new load signal** is one field of ``RankLoad`` and the line of the
-parser(s) that fill it: ``capacity``'s controller gets the whole ``RankLoad`` (``LaneSample.load``)
-and ``run/telemetry.py`` writes every field to the lane's ``telemetry.jsonl`` line under the
-key its ``signal(...)`` names (the field's own name by default: then add the key, with its
-description, to ``rundir/lines.py``'s ``TelemetryLine``). A field kept out of telemetry says why
-(``signal(None, why=...)``). Behind a router, ``merge_workers`` says how the workers' values of
-it add up. ``tests/test_telemetry_signals.py`` fails for a field that neither reaches a telemetry
-line nor says why not, and for one a router's lane drops.
+**The extension point for a new figure of a signal** is one field of ``RankLoad`` and the line of
+the parser(s) that fill it: ``capacity``'s controller gets the whole ``RankLoad``
+(``LaneSample.load``) and ``run/telemetry.py`` writes every field to the lane's ``telemetry.jsonl``
+line under the key its ``signal(...)`` names (the field's own name by default: then add the key,
+with its description, to ``rundir/lines.py``'s ``TelemetryLine``). A field kept out of telemetry
+says why (``signal(None, why=...)``). Behind a router, ``merge_workers`` says how the workers'
+values of it add up. ``tests/test_telemetry_signals.py`` fails for a field that neither reaches a
+telemetry line nor says why not, and for one a router's lane drops.
 """
 
 from __future__ import annotations

@@ -18,11 +18,11 @@ import orjson
 
 from eagledata.config import DatasetSettings, resolve_bundled
 from eagledata.errors import DatasetError
+from eagledata.source.formats import FILE_TYPES, file_type, one_of, suffixes
 from eagledata.source.hub import unreachable_and_uncached
 
 # Columns that real drafter datasets use for their own stable ids (docs/capacity.md, last table).
 KNOWN_ID_FIELDS = ("id", "prompt_id", "uuid", "conversation_id")
-LOCAL_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +46,7 @@ def resolve_dataset(name_or_path: str, table: dict[str, DatasetSettings]) -> Res
     if name_or_path in table:
         return ResolvedDataset(name_or_path, table[name_or_path])
     looks_local = name_or_path.startswith((".", "/", "~")) or Path(name_or_path).suffix in (
-        LOCAL_BUILDERS
+        FILE_TYPES
     )
     if looks_local or name_or_path.startswith("bundled:"):
         path = Path(resolve_bundled(name_or_path)).expanduser()
@@ -54,10 +54,10 @@ def resolve_dataset(name_or_path: str, table: dict[str, DatasetSettings]) -> Res
             return ResolvedDataset(path.name, DatasetSettings(source=str(path)))
         if not path.exists():
             raise DatasetError(f"dataset file {path} not found; check the path or the name")
-        if path.suffix not in LOCAL_BUILDERS:
+        if file_type(path) is None:
             raise DatasetError(
                 f"dataset file {path} has unsupported type {path.suffix!r}; "
-                "use .jsonl, .json or .parquet"
+                f"use {one_of(suffixes())}"
             )
         return ResolvedDataset(path.stem, DatasetSettings(source=str(path)))
     if "/" in name_or_path and not name_or_path.startswith("/"):
@@ -67,7 +67,7 @@ def resolve_dataset(name_or_path: str, table: dict[str, DatasetSettings]) -> Res
     known = ", ".join(sorted(table)) or "none configured"
     raise DatasetError(
         f"unknown dataset {name_or_path!r}; use a name from the config ({known}), "
-        "a .jsonl/.json/.parquet path, or a hub id like org/name"
+        f"a {'/'.join(suffixes())} path, or a hub id like org/name"
     )
 
 
@@ -84,7 +84,7 @@ def check_local_source(dataset: ResolvedDataset, config_source: str | None = Non
     fetched (minutes, or a hub error that says nothing about the missing file).
     """
     source = local_path(dataset.settings)
-    if source.suffix not in LOCAL_BUILDERS or source.is_file():
+    if file_type(source) is None or source.is_file():
         return
     where = "" if source.is_absolute() else f" (relative to {Path.cwd()})"
     config = config_source or "the config"
@@ -148,11 +148,12 @@ def _iter_with_datasets(settings: DatasetSettings) -> Iterator[tuple[dict[str, A
     source = resolve_bundled(settings.source)
     path = local_path(settings)
     try:
-        if path.suffix in LOCAL_BUILDERS:
+        kind = file_type(path)
+        if kind is not None:
             if not path.is_file():
                 raise DatasetError(f"dataset file {path} not found; check the path")
             stream = datasets.load_dataset(
-                LOCAL_BUILDERS[path.suffix], data_files=str(path), split="train", streaming=True
+                kind.builder, data_files=str(path), split="train", streaming=True
             )
         else:
             unreachable = unreachable_and_uncached(source, "dataset")
@@ -180,7 +181,8 @@ def iter_rows(
     (``ROW_ID_SCHEME``: an own id never meets an index's)."""
     source = local_path(settings)
     raw: Iterator[tuple[dict[str, Any] | None, str | None]]
-    if source.suffix == ".jsonl":
+    kind = file_type(source)
+    if kind is not None and kind.by_line:
         if not source.is_file():
             raise DatasetError(f"dataset file {source} not found; check the path")
         raw = _iter_jsonl(source)
@@ -198,15 +200,11 @@ def iter_rows(
 def count_rows(settings: DatasetSettings, limit: int | None = None) -> int | None:
     """A cheap row count for the progress bar, where one is cheap; None otherwise."""
     source = local_path(settings)
+    kind = file_type(source)
     total: int | None = None
     try:
-        if source.suffix == ".jsonl" and source.is_file():
-            with source.open("rb") as handle:
-                total = sum(1 for line in handle if line.strip())
-        elif source.suffix == ".parquet" and source.is_file():
-            import pyarrow.parquet as pq
-
-            total = pq.ParquetFile(source).metadata.num_rows
+        if kind is not None and kind.count is not None and source.is_file():
+            total = kind.count(source)
     except Exception:  # OSError, pyarrow's ArrowInvalid: reading the rows reports it properly
         total = None
     if total is None:

@@ -7,7 +7,7 @@ dataset in its share). A dataset of a ``[mixes.NAME]`` gives a row count or a sh
 * a share ``s`` keeps each row whose seeded hash (seed, dataset, row index) falls below ``s``;
 * a count ``n`` keeps exactly ``n`` of its ``N`` rows, each with the chance left (selection
   sampling, Knuth's Algorithm S), drawn from a generator seeded by (seed, dataset). ``N`` is
-  counted first, so a count needs a local ``.jsonl`` or ``.parquet`` file.
+  counted first, so a count needs a local file whose rows count cheaply (``source/formats.py``).
 
 Both read the rows once, in order, in constant memory, and choose the same rows on every read:
 ``resume`` plans exactly what ``generate`` planned.
@@ -30,6 +30,7 @@ from eagledata.source.dataset import (
     iter_rows,
     resolve_dataset,
 )
+from eagledata.source.formats import one_of, suffixes
 from eagledata.source.prompts import row_messages
 
 
@@ -113,7 +114,8 @@ def member_rows(
     if total is None:
         raise DatasetError(
             f"dataset {member.name}: a row count ({member.rows}) needs its rows counted first; "
-            "use a local .jsonl or .parquet file, or give a share (0 < share <= 1) instead"
+            f"use a local {one_of(suffixes(countable=True))} file, or give a share "
+            "(0 < share <= 1) instead"
         )
     wanted = min(member.rows, total)
     rng = random.Random(f"{seed}/{member.name}")

@@ -7,8 +7,9 @@ canary had complained that it found no usable prompt.
 from __future__ import annotations
 
 from eagledata.errors import BadRowError, DatasetError
-from eagledata.source.dataset import LOCAL_BUILDERS, ResolvedDataset, iter_rows, local_path
-from eagledata.source.prompts import to_messages
+from eagledata.source.dataset import ResolvedDataset, iter_rows, local_path
+from eagledata.source.formats import file_type, one_of
+from eagledata.source.prompts import ROW_SCHEMAS, to_messages
 
 PREFLIGHT_ROWS = 20
 """Rows read up front: enough to tell a file of another shape from a few bad rows."""
@@ -26,14 +27,19 @@ def _prompt_field_fix(dataset: ResolvedDataset, first_row: dict[str, object] | N
     return (
         f"add to the config [datasets.{dataset.name}] source = "
         f'"{dataset.settings.source}", prompt_field = "{column}" and pass --dataset '
-        f"{dataset.name}, or convert the file to conversations, messages or a prompt column"
+        f"{dataset.name}, or convert the file to {_shapes()}"
     )
+
+
+def _shapes() -> str:
+    """The row shapes a file may be converted to, as the fix names them (``ROW_SCHEMAS``)."""
+    return one_of([shape.field or "a prompt column" for shape in ROW_SCHEMAS.values()])
 
 
 def check_first_rows(dataset: ResolvedDataset, config_source: str | None = None) -> None:
     """Raise ``DatasetError`` when a local file holds no row, or when every one of its first
     rows fails the same way (a few bad rows among good ones go to the failure file as usual)."""
-    if local_path(dataset.settings).suffix not in LOCAL_BUILDERS:
+    if file_type(local_path(dataset.settings)) is None:
         return  # a hub dataset: read once, by the run itself
     reasons: list[tuple[str, str]] = []
     first_row: dict[str, object] | None = None

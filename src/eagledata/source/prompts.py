@@ -9,6 +9,8 @@ turns regenerated one after the other.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from eagledata.config import DatasetSettings, Schema
@@ -29,22 +31,6 @@ SHAREGPT_ROLES = {
     "system": "system",
 }
 OPENAI_ROLES = {"user", "assistant", "system"}
-
-
-def detect_schema(data: dict[str, Any], settings: DatasetSettings) -> Schema:
-    if settings.schema_ != "auto":
-        return settings.schema_
-    if "conversations" in data:
-        return "sharegpt"
-    if "messages" in data:
-        return "messages"
-    if settings.prompt_field in data:
-        return "prompt"
-    fields = ", ".join(sorted(data)) or "none"
-    raise BadRowError(
-        f"no conversations, messages or {settings.prompt_field!r} field (fields: {fields})",
-        reason="missing_field",
-    )
 
 
 def _turns(data: dict[str, Any], field: str) -> list[Any]:
@@ -78,31 +64,89 @@ def _message(turn: Any, where: str, role_key: str, text_key: str, roles: dict[st
     return {"role": roles[role], "content": content}
 
 
+def _prompt_column(data: dict[str, Any], settings: DatasetSettings) -> list[Message]:
+    prompt = data.get(settings.prompt_field)
+    if not isinstance(prompt, str):
+        kind = "missing" if prompt is None else type(prompt).__name__
+        raise BadRowError(f"{settings.prompt_field}: {kind}, not a string", reason="bad_content")
+    return [{"role": "user", "content": prompt}]
+
+
+def _sharegpt(data: dict[str, Any], settings: DatasetSettings) -> list[Message]:
+    turns = _turns(data, "conversations")
+    return [
+        _message(turn, f"conversations[{i}]", "from", "value", SHAREGPT_ROLES)
+        for i, turn in enumerate(turns)
+    ]
+
+
+def _openai_messages(data: dict[str, Any], settings: DatasetSettings) -> list[Message]:
+    turns = _turns(data, "messages")
+    identity = {role: role for role in OPENAI_ROLES}
+    return [
+        _message(turn, f"messages[{i}]", "role", "content", identity)
+        for i, turn in enumerate(turns)
+    ]
+
+
+@dataclass(frozen=True, slots=True)
+class RowSchema:
+    name: Schema
+    field: str | None
+    """The field whose presence tells this shape under ``schema = "auto"`` (None: the dataset's
+    ``prompt_field``)."""
+    summary: str
+    """One line for the docs: what a row of this shape holds."""
+    messages: Callable[[dict[str, Any], DatasetSettings], list[Message]]
+    """The row's messages, as the dataset has them, or ``BadRowError`` naming what is wrong."""
+
+
+ROW_SCHEMAS: dict[Schema, RowSchema] = {
+    shape.name: shape
+    for shape in (
+        RowSchema(
+            "sharegpt",
+            "conversations",
+            "ShareGPT: `conversations: [{from, value}]` (`human`, `gpt`, `system`, ...)",
+            _sharegpt,
+        ),
+        RowSchema(
+            "messages",
+            "messages",
+            "OpenAI-style: `messages: [{role, content}]` (`user`, `assistant`, `system`)",
+            _openai_messages,
+        ),
+        RowSchema(
+            "prompt",
+            None,
+            "one user prompt in the column `prompt_field` names (`prompt` by default)",
+            _prompt_column,
+        ),
+    )
+}
+"""Every row shape, tried in this order under ``schema = "auto"``. Adding one: its name in
+``config``'s ``Schema`` (the settings' check) and one entry here; the docs' table
+(``scripts/gen_docs.py``) and the error naming the fields read it."""
+
+
+def detect_schema(data: dict[str, Any], settings: DatasetSettings) -> Schema:
+    if settings.schema_ != "auto":
+        return settings.schema_
+    for shape in ROW_SCHEMAS.values():
+        if (shape.field or settings.prompt_field) in data:
+            return shape.name
+    names = [shape.field or repr(settings.prompt_field) for shape in ROW_SCHEMAS.values()]
+    fields = ", ".join(sorted(data)) or "none"
+    raise BadRowError(
+        f"no {', '.join(names[:-1])} or {names[-1]} field (fields: {fields})",
+        reason="missing_field",
+    )
+
+
 def row_messages(data: dict[str, Any], settings: DatasetSettings) -> list[Message]:
     """Every message of one row, as the dataset has them (the configured system prompt first
     where the row has none), or ``BadRowError`` naming what is wrong with it."""
-    schema = detect_schema(data, settings)
-    if schema == "prompt":
-        prompt = data.get(settings.prompt_field)
-        if not isinstance(prompt, str):
-            kind = "missing" if prompt is None else type(prompt).__name__
-            raise BadRowError(
-                f"{settings.prompt_field}: {kind}, not a string", reason="bad_content"
-            )
-        messages = [{"role": "user", "content": prompt}]
-    elif schema == "sharegpt":
-        turns = _turns(data, "conversations")
-        messages = [
-            _message(turn, f"conversations[{i}]", "from", "value", SHAREGPT_ROLES)
-            for i, turn in enumerate(turns)
-        ]
-    else:
-        turns = _turns(data, "messages")
-        identity = {role: role for role in OPENAI_ROLES}
-        messages = [
-            _message(turn, f"messages[{i}]", "role", "content", identity)
-            for i, turn in enumerate(turns)
-        ]
+    messages = ROW_SCHEMAS[detect_schema(data, settings)].messages(data, settings)
     if not any(m["role"] == "user" for m in messages):
         raise BadRowError("no user turn to answer", reason="no_user_turn")
     if settings.system_prompt is not None and messages[0]["role"] != "system":
