@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -138,12 +139,17 @@ def run_cli(
     from eagledata.cli.commands import app
 
     previous = Path.cwd()
+    # commands set their own SIGINT and SIGTERM handlers (launch-server's stop its servers):
+    # in a process of their own; here they would outlive the command
+    handlers = {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM)}
     if cwd is not None:
         os.chdir(cwd)
     try:
         result = CliRunner().invoke(app, list(args), env=env)
     finally:
         os.chdir(previous)
+        for number, handler in handlers.items():
+            signal.signal(number, handler)
     if result.exception is not None and not isinstance(result.exception, SystemExit):
         raise result.exception
     return subprocess.CompletedProcess(
