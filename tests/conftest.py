@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
+import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
@@ -121,3 +123,35 @@ async def until(condition: Callable[[], object], bound_s: float = 60.0) -> None:
 
 def eagledata_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "eagledata.cli", *args]
+
+
+def run_cli(
+    *args: str, env: dict[str, str | None] | None = None, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``eagledata ARGS`` in this process (typer's runner), answered as a finished subprocess:
+    exit code, stdout, stderr. A child process pays ~1 s of CPU importing transformers and
+    datasets before it starts; a test about what a command says and leaves needs none of it
+    (a test about the process itself — signals, a kill, the interpreter's exit — uses
+    ``eagledata_cmd``). An exception the command let escape is raised here with its
+    traceback, so a test that asserts "no traceback" fails on it as it would on a child's."""
+    from typer.testing import CliRunner
+
+    from eagledata.cli.commands import app
+
+    previous = Path.cwd()
+    # commands set their own SIGINT and SIGTERM handlers (launch-server's stop its servers):
+    # in a process of their own; here they would outlive the command
+    handlers = {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM)}
+    if cwd is not None:
+        os.chdir(cwd)
+    try:
+        result = CliRunner().invoke(app, list(args), env=env)
+    finally:
+        os.chdir(previous)
+        for number, handler in handlers.items():
+            signal.signal(number, handler)
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return subprocess.CompletedProcess(
+        ["eagledata", *args], result.exit_code, result.stdout, result.stderr
+    )

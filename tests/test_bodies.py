@@ -11,7 +11,6 @@ hostile server in the same process allocates nothing of the bomb's inside).
 from __future__ import annotations
 
 import asyncio
-import subprocess
 import time
 import tracemalloc
 from collections.abc import Awaitable, Callable
@@ -21,7 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
-from conftest import SAMPLES, eagledata_cmd, make_config, read_failures, read_records
+from conftest import SAMPLES, make_config, read_failures, read_records, run_cli
 from eagledata.errors import ContractViolationError, ServerError
 from eagledata.run import pipeline
 from eagledata.server.bodies import CONTROL_BODY_BOUND, STEP_BYTES
@@ -217,13 +216,7 @@ def test_an_honest_answer_a_proxy_compressed_is_still_read(
 def test_check_server_refuses_a_server_info_bomb_in_one_line(tokenizer_dir: str) -> None:
     """It read 4.2 GB and printed "bf16 KV ok"."""
     with HostileServer(tokenizer_dir, spoiled={"/server_info": "gzip, gzip"}) as server:
-        done = subprocess.run(
-            eagledata_cmd("check-server", server.url),
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
+        done = run_cli("check-server", server.url)
     assert done.returncode == 3, done.stderr
     assert done.stderr == (
         f"eagledata: error: {server.url}: GET /server_info answer refused unread: it passed "
@@ -294,13 +287,7 @@ def test_a_load_route_answering_html_is_one_line(tokenizer_dir: str, route: str)
 
 def test_check_server_against_an_html_page_is_one_line(tokenizer_dir: str) -> None:
     with HostileServer(tokenizer_dir, spoiled={"/server_info": "html"}) as server:
-        done = subprocess.run(
-            eagledata_cmd("check-server", server.url),
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
+        done = run_cli("check-server", server.url)
     assert done.returncode == 3, done.stderr
     assert done.stderr == (
         f"eagledata: error: {server.url}: GET /server_info answered 200 with text/html "
@@ -335,13 +322,7 @@ def test_check_server_against_a_server_info_dripped_a_byte_a_second_ends_within_
     """Its timeout bounded each read, not the call: a byte a second kept it for hours."""
     with HostileServer(tokenizer_dir, spoiled={"/server_info": "drip"}, trickle_s=1.0) as server:
         started = time.monotonic()
-        done = subprocess.run(
-            eagledata_cmd("check-server", server.url, "--timeout", "3"),
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
+        done = run_cli("check-server", server.url, "--timeout", "3")
         took = time.monotonic() - started
     assert done.returncode == 3, done.stderr
     assert done.stderr == (

@@ -1,5 +1,6 @@
 """Issue 3, items 5-6 and the CLI's error contract: ``status``, ``verify``, and one line on stderr
-with a non-zero exit code for every problem, never a traceback (real subprocesses)."""
+with a non-zero exit code for every problem, never a traceback. The commands run in this process
+(``run_cli``); the contract as a real process gives it is checked on two of them."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from conftest import SAMPLES, TOKENIZER, eagledata_cmd, make_config, sim_config
+from conftest import SAMPLES, TOKENIZER, eagledata_cmd, make_config, run_cli, sim_config
 from eagledata.run import pipeline
 from eagledata.rundir.records import failure_line
 from eagledata.simserver import SimServerThread
@@ -19,6 +20,10 @@ SHAREGPT = str(SAMPLES / "sharegpt.jsonl")
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return run_cli(*args)
+
+
+def cli_process(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         eagledata_cmd(*args), capture_output=True, text=True, timeout=120, check=False
     )
@@ -119,7 +124,7 @@ def test_status_json_holds_the_documented_keys(finished: Path) -> None:
 
 
 def test_status_of_a_directory_that_is_no_run(tmp_path: Path) -> None:
-    message = one_error_line(cli("status", str(tmp_path)), 5)
+    message = one_error_line(cli_process("status", str(tmp_path)), 5)
     assert message == (
         f"{tmp_path} is not an eagledata run directory (no run.json); start one with "
         "'eagledata generate --out DIR'"
@@ -233,7 +238,9 @@ def test_missing_dataset_file(sim: SimServerThread, tmp_path: Path) -> None:
 
 def test_missing_config_file(tmp_path: Path) -> None:
     missing = tmp_path / "nope.toml"
-    message = one_error_line(cli("generate", "--config", str(missing), "--dataset", SHAREGPT), 2)
+    message = one_error_line(
+        cli_process("generate", "--config", str(missing), "--dataset", SHAREGPT), 2
+    )
     assert message == f"config file {missing} not found; pass --config FILE"
 
 

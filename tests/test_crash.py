@@ -28,6 +28,7 @@ from conftest import (
     make_config,
     read_failures,
     read_records,
+    run_cli,
     sim_config,
 )
 from eagledata.run import pipeline
@@ -99,6 +100,12 @@ def spawn(cmd: list[str]) -> subprocess.Popen[str]:
 
 def finish(cmd: list[str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def finish_here(cmd: list[str]) -> subprocess.CompletedProcess[str]:
+    """``cmd`` run in this process: for a refusal, which needs no process of its own."""
+    assert cmd[:3] == eagledata_cmd()
+    return run_cli(*cmd[3:])
 
 
 def committed_ids(out: Path) -> list[str]:
@@ -302,7 +309,7 @@ def test_a_run_dir_from_another_schema_version_is_refused(finished_run: Path) ->
     manifest = orjson.loads((finished_run / "run.json").read_bytes())
     manifest["schema_version"] = 2
     (finished_run / "run.json").write_bytes(orjson.dumps(manifest))
-    result = finish(resume_cmd(finished_run))
+    result = finish_here(resume_cmd(finished_run))
     assert result.returncode == 5
     assert result.stderr == (
         f"eagledata: error: {finished_run} was written with run schema 2, this eagledata reads "
@@ -314,7 +321,7 @@ def test_changed_settings_are_refused_naming_the_keys(
     sim: SimServerThread, finished_run: Path, tmp_path: Path
 ) -> None:
     config = write_config(tmp_path / "eagledata.toml", sim.url, limit=3)
-    result = finish(
+    result = finish_here(
         [*generate_cmd(config, finished_run), "--max-new-tokens", "32", "--samples", "2"]
     )
     assert result.returncode == 5

@@ -21,6 +21,7 @@ from conftest import (
     make_config,
     read_failures,
     read_records,
+    run_cli,
     sim_config,
 )
 from eagledata.errors import RunDirError
@@ -39,9 +40,7 @@ LIMIT = 12
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        eagledata_cmd(*args), capture_output=True, text=True, timeout=120, check=False
-    )
+    return run_cli(*args)
 
 
 @pytest.fixture

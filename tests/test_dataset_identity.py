@@ -12,7 +12,7 @@ from typing import Any
 import orjson
 import pytest
 
-from conftest import eagledata_cmd, make_config, read_records
+from conftest import make_config, read_records, run_cli
 from eagledata.errors import DatasetError, EagledataError, RunDirError
 from eagledata.export import ExportOptions, export_runs
 from eagledata.run import pipeline
@@ -51,9 +51,7 @@ def test_a_run_started_with_index_ids_keeps_them(sim: SimServerThread, tmp_path:
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        eagledata_cmd(*args), capture_output=True, text=True, timeout=120, check=False
-    )
+    return run_cli(*args)
 
 
 def files_of(run: Path) -> dict[str, bytes]:

@@ -12,7 +12,7 @@ from typing import Any
 import orjson
 import pytest
 
-from conftest import SAMPLES, eagledata_cmd, make_config, sim_config
+from conftest import SAMPLES, make_config, run_cli, sim_config
 from eagledata.config import TokenizerSettings
 from eagledata.errors import ExportError, RunDirError
 from eagledata.export import ExportOptions, export_runs
@@ -502,9 +502,7 @@ def test_draft_vocab_mapping_follows_specforge() -> None:
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        eagledata_cmd(*args), capture_output=True, text=True, timeout=120, check=False
-    )
+    return run_cli(*args)
 
 
 def one_error_line(result: subprocess.CompletedProcess[str], code: int) -> str:

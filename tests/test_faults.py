@@ -268,6 +268,8 @@ def test_http_400_goes_straight_to_the_failure_file(
     assert sim.stats()["requests"] == 10
 
 
+# Two rounds of a 5 s request timeout: 10 s of waiting, a twelfth of the inner loop's budget.
+@pytest.mark.slow
 def test_a_stalled_request_times_out_and_is_aborted_by_its_rid(
     sim: SimServerThread, prompt_tokenizer: Any, tmp_path: Path
 ) -> None:

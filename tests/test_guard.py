@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
 import threading
 import time
 from pathlib import Path
@@ -11,7 +10,7 @@ from typing import Any
 import orjson
 import pytest
 
-from conftest import SAMPLES, eagledata_cmd, make_config, read_records, sim_config
+from conftest import SAMPLES, make_config, read_records, run_cli, sim_config
 from eagledata.errors import ServerRefusedError
 from eagledata.run import pipeline
 from eagledata.simserver import SimServerThread
@@ -128,13 +127,7 @@ BARE_INFO = {"model_path": "tiny-chatml", "kv_cache_dtype": "bf16"}
 def test_check_server_cannot_verify_a_server_info_of_two_fields(tokenizer_dir: str) -> None:
     """{model_path, kv_cache_dtype: bf16} and nothing else was called "bf16 KV ok" (exit 0)."""
     with HostileServer(tokenizer_dir, info=BARE_INFO) as server:
-        done = subprocess.run(
-            eagledata_cmd("check-server", server.url, "--expected-model", "tiny-chatml"),
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
+        done = run_cli("check-server", server.url, "--expected-model", "tiny-chatml")
     assert done.returncode == 4, done.stdout + done.stderr
     verdict = next(line for line in done.stdout.splitlines() if line.startswith("verdict"))
     assert verdict.split(None, 1)[1] == (

@@ -194,6 +194,7 @@ def test_the_canary_never_takes_an_id_outside_the_vocabulary(
     assert read_records(out) == []
 
 
+@pytest.mark.slow  # waits out the abort's own 5 s bound on every timed-out request
 def test_a_dripped_answer_leaves_no_unretrieved_task_exception(
     tokenizer_dir: str, tmp_path: Path
 ) -> None:

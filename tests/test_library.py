@@ -315,6 +315,7 @@ def torch_pythonpath(tmp_path: Path) -> str | None:
     return os.pathsep.join([str(torch_overlay(VENV)), str(extra)])
 
 
+@pytest.mark.slow  # trains with torch in a process of its own: 10-15 s
 def test_the_example_trains_on_a_round_while_the_next_regenerates(
     sim: SimServerThread, tmp_path: Path
 ) -> None:

@@ -4,7 +4,6 @@ per token with no config file; ids in the embedding's padding are named as such.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import time
@@ -13,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from conftest import SAMPLES, eagledata_cmd, read_failures, read_records
+from conftest import SAMPLES, read_failures, read_records
+from conftest import run_cli as run_cli_here
 from eagledata.cli.shell import load_app_config, server_settings
 from eagledata.errors import ConfigError, ContractViolationError
 from eagledata.profiles.target import resolve_target
@@ -73,10 +73,7 @@ def llama_sim(model_dir: Path, **overrides: Any) -> SimConfig:
 
 
 def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "EAGLEDATA_CONFIG"}
-    return subprocess.run(
-        eagledata_cmd(*args), cwd=cwd, env=env, capture_output=True, text=True, timeout=300
-    )
+    return run_cli_here(*args, cwd=cwd, env={"EAGLEDATA_CONFIG": None})
 
 
 # --- the model's folder gives the settings ------------------------------------------------------

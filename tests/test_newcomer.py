@@ -16,7 +16,7 @@ import orjson
 import pytest
 from typer.testing import CliRunner
 
-from conftest import SAMPLES, TOKENIZER, eagledata_cmd, sim_config
+from conftest import SAMPLES, TOKENIZER, eagledata_cmd, run_cli, sim_config
 from eagledata.cli import app
 from eagledata.config import resolve_bundled
 from eagledata.simserver import SimServerThread
@@ -126,9 +126,7 @@ def test_plan_of_a_small_job_reads_in_minutes_not_zero_days() -> None:
 
 
 def test_launch_server_dry_run_names_the_profile_it_picked() -> None:
-    result = subprocess.run(
-        eagledata_cmd("launch-server", "--dry-run"), capture_output=True, text=True, check=False
-    )
+    result = run_cli("launch-server", "--dry-run")
     assert result.returncode == 0, result.stderr
     assert len(result.stdout.splitlines()) == 1  # the command alone on stdout
     assert "profile kimi-k25-tp8 (the default" in result.stderr

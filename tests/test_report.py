@@ -13,7 +13,7 @@ import numpy as np
 import orjson
 import pytest
 
-from conftest import SAMPLES, eagledata_cmd, make_config, read_records, sim_config
+from conftest import SAMPLES, make_config, read_records, run_cli, sim_config
 from eagledata.export.report import ExportReport
 from eagledata.report import build_report, records_scan
 from eagledata.report.mix import mix_rows
@@ -287,9 +287,7 @@ def test_retractions_are_the_increases_of_a_counter_that_restarts_with_a_session
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        eagledata_cmd(*args), capture_output=True, text=True, timeout=120, check=False
-    )
+    return run_cli(*args)
 
 
 @pytest.mark.slow
