@@ -5,9 +5,9 @@
   why, and how many), and a request goes to the least loaded.
 * Work goes to the healthy server with the fewest requests in flight from us.
 * A request is a ``GenerateRequest`` and its answer is parsed once, from the bytes, into a
-  ``GenerateAnswer`` (``generate_types``); it is checked against the token contract
-  (``responses``) before it becomes a ``GenerateResult``; its body is read with a size cap derived from the request
-  (``responses.response_bound``: a larger one is refused unread, and a compressed one is
+  ``GenerateAnswer`` (``generate_types``), checked against the token contract (``responses``)
+  before it becomes a ``GenerateResult``; its body is read with a size cap derived from the
+  request (``responses.response_bound``: a larger one is refused unread, and a compressed one is
   inflated in bounded steps, the cap looked at after each: ``bodies``), and the whole request,
   not only the gap between two reads, has a deadline (``request_timeout_s``) that no
   decompression can outlast.

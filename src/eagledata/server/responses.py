@@ -1,9 +1,10 @@
 """The ``/generate`` contract, without HTTP: request ids, and what a response must hold.
 
 ``client`` (with ``control``, the modules that speak HTTP during a run) sends the requests; this
-module says what a request id looks like and turns one answer (a ``GenerateAnswer``, the wire type
-of ``generate_types``) into a ``GenerateResult``, or into an error of the tree (docs/sglang.md, "Finish reasons and aborts": an abort answered with HTTP
-200 is a failure to retry, not a record).
+module says what a request id looks like and turns one answer (a ``GenerateAnswer``, the wire
+type of ``generate_types``) into a ``GenerateResult``, or into an error of the tree
+(docs/sglang.md, "Finish reasons and aborts": an abort answered with HTTP 200 is a failure to
+retry, not a record).
 """
 
 from __future__ import annotations
