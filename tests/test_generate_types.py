@@ -159,7 +159,7 @@ def test_an_abort_wins_over_a_malformed_field() -> None:
 
 def test_a_request_is_typed_where_the_contract_lives_and_pinned_as_the_release_knows() -> None:
     with pytest.raises(ValidationError):
-        GenerateRequest.model_validate({"input_ids": [1, True], "sampling_params": {}})
+        GenerateRequest.model_validate({"input_ids": [1], "sampling_params": {"ignore_eos": 1}})
     with pytest.raises(ValidationError):
         GenerateRequest.model_validate({"input_ids": [1], "sampling_params": {}, "text": "hi"})
     request = GenerateRequest.model_validate(
