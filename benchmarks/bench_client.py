@@ -44,11 +44,12 @@ from typing import Any
 
 import aiohttp
 import httpx
-import orjson
 
 from eagledata.errors import EagledataError
 from eagledata.run.scheduler import Scheduler
-from eagledata.server.client import SGLangClient, new_rid, parse_generate_item
+from eagledata.server.client import SGLangClient, new_rid
+from eagledata.server.generate_types import GenerateAnswer, GenerateRequest, SamplingParams
+from eagledata.server.responses import check_answer
 from eagledata.simserver import SimConfig
 
 RESULTS = Path(__file__).resolve().parent / "results" / "client.json"
@@ -318,7 +319,12 @@ async def measure(
     next_url = itertools.cycle(urls).__next__
 
     def body(input_ids: list[int], rid: str) -> bytes:
-        return orjson.dumps({"input_ids": input_ids, "sampling_params": sampling, "rid": rid})
+        params = SamplingParams.model_validate(sampling)
+        return GenerateRequest(input_ids=input_ids, sampling_params=params, rid=rid).body()
+
+    def checked(content: bytes, input_ids: list[int], rid: str, url: str) -> int:
+        answer = GenerateAnswer.model_validate_json(content)
+        return check_answer(answer, input_ids, rid, url).completion_tokens
 
     if point.client == "sglang":
         sglang = (
@@ -344,8 +350,7 @@ async def measure(
                 url = next_url()
                 response = await plain.post(url + "/generate", content=body(input_ids, rid))
                 response.raise_for_status()
-                item = orjson.loads(response.content)
-                return parse_generate_item(item, input_ids, rid, url).completion_tokens
+                return checked(response.content, input_ids, rid, url)
 
             return await drive(send_httpx, n, latency, prompts, window)
 
@@ -359,8 +364,8 @@ async def measure(
             url = next_url()
             async with session.post(url + "/generate", data=body(input_ids, rid)) as response:
                 response.raise_for_status()
-                item = orjson.loads(await response.read())
-            return parse_generate_item(item, input_ids, rid, url).completion_tokens
+                content = await response.read()
+            return checked(content, input_ids, rid, url)
 
         return await drive(send_aiohttp, n, latency, prompts, window)
 

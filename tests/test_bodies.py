@@ -26,6 +26,7 @@ from eagledata.run import pipeline
 from eagledata.server.bodies import CONTROL_BODY_BOUND, STEP_BYTES
 from eagledata.server.client import SGLangClient
 from eagledata.server.control import LOADS_ROUTE
+from eagledata.server.generate_types import GenerateRequest
 from eagledata.server.readiness import fetch_server_info, probe_health
 from eagledata.server.responses import response_bound
 from eagledata.server.router import healthy_workers
@@ -36,7 +37,9 @@ SLACK = 8 << 20
 """What a call may allocate besides its capped body: a few MB."""
 PROMPT = [1, 2, 3, 4, 5, 6, 7, 8]
 PARAMS = {"max_new_tokens": 32, "temperature": 0.0}
-GENERATE_BOUND = response_bound({"input_ids": PROMPT, "sampling_params": PARAMS})
+GENERATE_BOUND = response_bound(
+    GenerateRequest.model_validate({"input_ids": PROMPT, "sampling_params": PARAMS})
+)
 
 BOMBS = ["gzip, gzip", "gzip", "deflate"]
 

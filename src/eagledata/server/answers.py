@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
+from pydantic import ValidationError
 
 from eagledata.errors import (
     ContractViolationError,
@@ -22,11 +23,13 @@ from eagledata.errors import (
     ServerUnavailableError,
 )
 from eagledata.server.bodies import Reply
+from eagledata.server.generate_types import GenerateAnswer, GenerateRequest
 from eagledata.server.responses import (
     GenerateResult,
+    answer_error,
+    check_answer,
     check_token_ids,
     error_message,
-    parse_generate_item,
 )
 
 
@@ -53,32 +56,37 @@ def auth_error(url: str, status: int, api_key_env: str) -> ServerError:
 
 def generate_answer(
     reply: Reply,
-    input_ids: list[int],
-    rid: str,
+    request: GenerateRequest,
     url: str,
     api_key_env: str,
     *,
-    max_new_tokens: int | None = None,
     vocab_size: int | None = None,
     embedding_rows: int | None = None,
     stop_ids: frozenset[int] = frozenset(),
 ) -> GenerateResult:
     """A production ``/generate`` answer: a result that keeps the token contract, or an error
-    (``stop_ids``: what stops this request, ``parse_generate_item``)."""
+    (``stop_ids``: what stops this request, ``responses.check_answer``).
+
+    A 200's body is parsed once, straight from its bytes into a ``GenerateAnswer``; only a
+    body that fails that parse is read again, as plain JSON, to say what is wrong with it."""
     status, content = reply.status, reply.body
     if status == 200:
         try:
-            item = orjson.loads(content)
-        except orjson.JSONDecodeError:
-            raise ContractViolationError(
-                f"{url}: POST /generate answered {reply.what_came()}, not JSON"
-            ) from None
-        return parse_generate_item(
-            item,
-            input_ids,
-            rid,
+            answer = GenerateAnswer.model_validate_json(content)
+        except ValidationError as invalid:
+            try:
+                item = orjson.loads(content)
+            except orjson.JSONDecodeError:
+                raise ContractViolationError(
+                    f"{url}: POST /generate answered {reply.what_came()}, not JSON"
+                ) from None
+            raise answer_error(item, invalid) from None
+        return check_answer(
+            answer,
+            request.input_ids,
+            request.rid or "",
             url,
-            max_new_tokens=max_new_tokens,
+            max_new_tokens=request.max_new_tokens,
             vocab_size=vocab_size,
             embedding_rows=embedding_rows,
             stop_ids=stop_ids,

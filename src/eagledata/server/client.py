@@ -4,9 +4,10 @@
 * Connections are sharded over many small ``httpx.AsyncClient`` pools, per server (``pools``:
   why, and how many), and a request goes to the least loaded.
 * Work goes to the healthy server with the fewest requests in flight from us.
-* Every response is checked against the token contract (``responses``) before it becomes a
-  ``GenerateResult``; its body is read with a size cap derived from the request
-  (``responses.response_bound``: a larger one is refused unread, and a compressed one is
+* A request is a ``GenerateRequest`` and its answer is parsed once, from the bytes, into a
+  ``GenerateAnswer`` (``generate_types``), checked against the token contract (``responses``)
+  before it becomes a ``GenerateResult``; its body is read with a size cap derived from the
+  request (``responses.response_bound``: a larger one is refused unread, and a compressed one is
   inflated in bounded steps, the cap looked at after each: ``bodies``), and the whole request,
   not only the gap between two reads, has a deadline (``request_timeout_s``) that no
   decompression can outlast.
@@ -27,7 +28,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
-import orjson
 
 from eagledata.errors import (
     ContractViolationError,
@@ -40,6 +40,7 @@ from eagledata.server.answers import ServerDownError, canary_answer, generate_an
 from eagledata.server.bodies import IDENTITY, BodyTooLarge, BodyUnreadable, Reply, read_bounded
 from eagledata.server.budget import SlotGate, TrafficGate
 from eagledata.server.control import ControlCalls
+from eagledata.server.generate_types import GenerateRequest, SamplingParams
 from eagledata.server.loads import ServerLoad
 from eagledata.server.pools import Pools
 
@@ -251,14 +252,14 @@ class SGLangClient:
     ) -> GenerateResult:
         shard = self._pools.shard(endpoint.url)
         pool_index = shard.pick()
-        request: dict[str, Any] = {
-            "input_ids": input_ids,
-            "sampling_params": sampling_params,
-            "rid": rid,
-        }
+        request = GenerateRequest(
+            input_ids=input_ids,
+            sampling_params=SamplingParams.model_validate(sampling_params),
+            rid=rid,
+        )
         if dp_rank is not None:
-            request = self.pinned(endpoint.url, request, dp_rank)
-        body = orjson.dumps(request)
+            request = request.pinned(self.pin_fields(endpoint.url), dp_rank)
+        body = request.body()
         bound = response_bound(request)
         deadline = self.request_timeout_s
         endpoint.in_flight += 1
@@ -293,30 +294,31 @@ class SGLangClient:
             shard.load[pool_index] -= 1
         return generate_answer(
             reply,
-            input_ids,
-            rid,
+            request,
             endpoint.url,
             self._api_key_env,
-            max_new_tokens=sampling_params.get("max_new_tokens"),
             vocab_size=self.vocab_size,
             embedding_rows=self.embedding_rows,
-            stop_ids=self.stop_ids(sampling_params),
+            stop_ids=self.stop_ids(request.sampling_params),
         )
 
-    def stop_ids(self, sampling_params: dict[str, Any]) -> frozenset[int]:
+    def stop_ids(self, sampling_params: SamplingParams) -> frozenset[int]:
         """The ids that stop a request of ``sampling_params``: its ``stop_token_ids``, and the
         model's EOS unless it is sent with ``ignore_eos``."""
-        asked = sampling_params.get("stop_token_ids") or []
-        stops = frozenset(token for token in asked if type(token) is int)
-        return stops if sampling_params.get("ignore_eos") else stops | self.eos_ids
+        stops = frozenset(sampling_params.stop_token_ids or ())
+        return stops if sampling_params.ignore_eos else stops | self.eos_ids
+
+    def pin_fields(self, url: str) -> tuple[str, ...]:
+        """The ``/generate`` field(s) that pin a DP rank on the server at ``url``, as its
+        release knows them: ``data_parallel_rank`` (0.5.9), ``routed_dp_rank`` (0.5.15.post1
+        drops ``data_parallel_rank`` silently; 0.5.23 takes it only as a deprecated alias).
+        Both before the server's release is known."""
+        return self.rank_pins.get(url, BOTH_PIN_FIELDS)
 
     def pinned(self, url: str, body: dict[str, Any], rank: int) -> dict[str, Any]:
-        """``body`` pinned to DP rank ``rank`` of the server at ``url`` with the field its
-        release knows: ``data_parallel_rank`` (0.5.9), ``routed_dp_rank`` (0.5.15.post1 drops
-        ``data_parallel_rank`` silently; 0.5.23 takes it only as a deprecated alias). Both
-        before the server's release is known."""
-        fields = self.rank_pins.get(url, BOTH_PIN_FIELDS)
-        return {**body, **dict.fromkeys(fields, rank)}
+        """``body`` (a canary request as a dict) pinned to DP rank ``rank`` of the server at
+        ``url`` (``pin_fields``)."""
+        return {**body, **dict.fromkeys(self.pin_fields(url), rank)}
 
     # --- the canary (quality/canary_scorer.py): raw answers from one named server ----------
 
@@ -331,20 +333,23 @@ class SGLangClient:
         generation: the canary's traffic is inside ``--concurrency``; ``background`` (the
         canary baseline's load) waits there behind every other request.
         """
-        bound = response_bound(body)
-        params = body.get("sampling_params")
-        max_new = int(params.get("max_new_tokens") or 0) if isinstance(params, dict) else 0
-        rank = next((body[key] for key in BOTH_PIN_FIELDS if isinstance(body.get(key), int)), None)
+        request = GenerateRequest.model_validate(body)
+        bound = response_bound(request)
+        rank = request.rank
         entry = await self._through_gate(
-            url, rank, len(body["input_ids"]), max_new, background=background
+            url,
+            rank,
+            len(request.input_ids),
+            request.max_new_tokens or 0,
+            background=background,
         )
         charged = self._charged_rank(entry) if rank is None else None
         if charged is not None:
-            body = self.pinned(url, body, charged)  # where the gate counted it
+            request = request.pinned(self.pin_fields(url), charged)  # where the gate counted it
         try:
             async with asyncio.timeout(self.request_timeout_s):
                 reply = await read_capped(
-                    self._pools.canary, url + "/generate", orjson.dumps(body), bound
+                    self._pools.canary, url + "/generate", request.body(), bound
                 )
         except (BodyTooLarge, BodyUnreadable) as exc:
             raise ServerError(_too_large(url, exc, bound)) from None

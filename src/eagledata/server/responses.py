@@ -1,9 +1,10 @@
 """The ``/generate`` contract, without HTTP: request ids, and what a response must hold.
 
 ``client`` (with ``control``, the modules that speak HTTP during a run) sends the requests; this
-module says what a request id looks like and turns one response item into a ``GenerateResult``, or
-into an error of the tree (docs/sglang.md, "Finish reasons and aborts": an abort answered with HTTP
-200 is a failure to retry, not a record).
+module says what a request id looks like and turns one answer (a ``GenerateAnswer``, the wire
+type of ``generate_types``) into a ``GenerateResult``, or into an error of the tree
+(docs/sglang.md, "Finish reasons and aborts": an abort answered with HTTP 200 is a failure to
+retry, not a record).
 """
 
 from __future__ import annotations
@@ -14,8 +15,16 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import orjson
+from pydantic import ValidationError
 
-from eagledata.errors import ContractViolationError, RetryableItemError
+from eagledata.errors import ContractViolationError, ItemError, RetryableItemError
+from eagledata.server.generate_types import (
+    FinishAbort,
+    FinishStop,
+    GenerateAnswer,
+    GenerateRequest,
+    MetaInfo,
+)
 
 RID_PREFIX = "eagledata-"
 
@@ -80,7 +89,7 @@ LOGPROB_BYTES = 64
 """One ``[logprob, id, text]`` entry of a logprob list (``text`` null unless asked for)."""
 
 
-def response_bound(request: dict[str, Any]) -> int:
+def response_bound(request: GenerateRequest) -> int:
     """The most bytes an honest answer to ``request`` can take: anything larger is refused
     unread (a server answering 50 MB to a request for 32 tokens is not to be believed, nor
     held in memory).
@@ -88,17 +97,15 @@ def response_bound(request: dict[str, Any]) -> int:
     Derived from what was asked: the tokens it may generate (``max_new_tokens``, plus the stop
     token) and, when logprobs are asked for, an entry per position and per top logprob.
     """
-    params = request.get("sampling_params")
-    asked = params.get("max_new_tokens") if isinstance(params, dict) else None
-    prompt = request.get("input_ids")
-    prompt_len = len(prompt) if isinstance(prompt, list) else 0
-    new_tokens = (asked if type(asked) is int and asked >= 0 else prompt_len) + 1
+    asked = request.max_new_tokens
+    prompt_len = len(request.input_ids)
+    new_tokens = (asked if asked is not None else prompt_len) + 1
     bound = RESPONSE_OVERHEAD_BYTES + new_tokens * RESPONSE_BYTES_PER_TOKEN
-    if request.get("return_logprob"):
-        start = request.get("logprob_start_len")
-        scored = prompt_len - start if type(start) is int and 0 <= start < prompt_len else 0
-        top = request.get("top_logprobs_num")
-        width = 1 + (top if type(top) is int and top > 0 else 0)
+    if request.return_logprob:
+        start = request.logprob_start_len
+        scored = prompt_len - start if start is not None and 0 <= start < prompt_len else 0
+        top = request.top_logprobs_num
+        width = 1 + (top if top is not None and top > 0 else 0)
         # token logprobs and top logprobs, for the input positions scored and each new token
         bound += (scored + new_tokens) * 2 * width * LOGPROB_BYTES
     return bound
@@ -157,16 +164,51 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def _count(meta: dict[str, Any], key: str) -> int:
+def _count(meta: dict[str, Any], key: str) -> None:
     value = meta.get(key)
     if type(value) is not int:
         raise ContractViolationError(f"meta_info.{key} is {_shown(value)}, not an integer")
-    return value
 
 
-def _optional(value: Any, kind: type) -> Any:
-    """A provenance field of the expected JSON type, or None: it is kept, never trusted."""
-    return value if type(value) is kind else None
+def answer_error(item: Any, invalid: ValidationError) -> ItemError:
+    """Why ``item`` (an answer parsed as plain JSON) is not a ``GenerateAnswer``: the error
+    that breach has always read as, looked for in order (an abort wins over a malformed field:
+    it is retried), else the parse's first complaint. Only a malformed answer comes here."""
+    try:
+        _explain(item)
+    except ItemError as exc:
+        return exc
+    first = invalid.errors(include_url=False)[0]
+    where = ".".join(str(part) for part in first["loc"]) or "response"
+    return ContractViolationError(f"{where}: {first['msg']} (got {_shown(first['input'])})")
+
+
+def _explain(item: Any) -> None:
+    if not isinstance(item, dict):
+        raise ContractViolationError(f"response is {type(item).__name__}, not an object")
+    meta = item.get("meta_info")
+    output_ids = item.get("output_ids")
+    if not isinstance(meta, dict) or not isinstance(output_ids, list):
+        raise ContractViolationError("response lacks meta_info or output_ids")
+    finish = meta.get("finish_reason")
+    kind = finish.get("type") if isinstance(finish, dict) else None
+    if kind == "abort":
+        message = finish.get("message") if isinstance(finish, dict) else None
+        raise RetryableItemError(f"server aborted the request: {message}", reason="server_abort")
+    if kind not in ("stop", "length"):
+        raise ContractViolationError(f"unknown finish_reason {finish!r}")
+    _count(meta, "prompt_tokens")
+    _count(meta, "completion_tokens")
+    check_token_ids(output_ids, None)
+
+
+def read_answer(item: Any) -> GenerateAnswer:
+    """``item`` (a ``/generate`` answer already parsed as JSON) as a ``GenerateAnswer``, or the
+    contract error it breaks (``answer_error``)."""
+    try:
+        return GenerateAnswer.model_validate(item)
+    except ValidationError as exc:
+        raise answer_error(item, exc) from None
 
 
 def parse_generate_item(
@@ -180,39 +222,53 @@ def parse_generate_item(
     embedding_rows: int | None = None,
     stop_ids: frozenset[int] = frozenset(),
 ) -> GenerateResult:
-    """Check one ``/generate`` item against the token contract (invariant 1) before anything
-    reads it: the counts, every id inside the vocabulary (``vocab_size``, the tokenizer's), no
-    more ids than asked for (``max_new_tokens``, the stop token aside), the text's length in
-    proportion, and every field of the type the record keeps. A breach is
-    ``ContractViolationError``: an item failure, never a record.
+    """``check_answer`` on an answer already parsed as JSON (the client parses the raw bytes
+    into a ``GenerateAnswer`` itself: ``answers.generate_answer``)."""
+    return check_answer(
+        read_answer(item),
+        input_ids,
+        rid,
+        server,
+        max_new_tokens=max_new_tokens,
+        vocab_size=vocab_size,
+        embedding_rows=embedding_rows,
+        stop_ids=stop_ids,
+    )
+
+
+def check_answer(
+    answer: GenerateAnswer,
+    input_ids: list[int],
+    rid: str,
+    server: str,
+    *,
+    max_new_tokens: int | None = None,
+    vocab_size: int | None = None,
+    embedding_rows: int | None = None,
+    stop_ids: frozenset[int] = frozenset(),
+) -> GenerateResult:
+    """Check one ``/generate`` answer against the token contract (invariant 1) before anything
+    reads it. Its types were checked by the parse (``GenerateAnswer``: every count and id a
+    JSON integer); here, the counts against what was sent and returned, every id inside the
+    vocabulary (``vocab_size``, the tokenizer's), no more ids than asked for
+    (``max_new_tokens``, the stop token aside) and the text's length in proportion. A breach is
+    ``ContractViolationError``: an item failure, never a record; an abort answered with HTTP
+    200 is ``RetryableItemError``.
 
     An answer reported cut at its length whose last id is one of ``stop_ids`` (the ids that
     stop this request) ended on its stop token: 0.5.9 and 0.5.15.post1 check the length before
     the stop token, so they say ``length`` where 0.5.23 says ``stop`` for the same ids. It is
     read as 0.5.23 reports it (``stop``, that id matched): never flagged truncated, and its stop
     token never carried into a later turn's history as text."""
-    if not isinstance(item, dict):
-        raise ContractViolationError(f"response is {type(item).__name__}, not an object")
-    meta = item.get("meta_info")
-    output_ids = item.get("output_ids")
-    if not isinstance(meta, dict) or not isinstance(output_ids, list):
-        raise ContractViolationError("response lacks meta_info or output_ids")
-    finish = meta.get("finish_reason")
-    kind = finish.get("type") if isinstance(finish, dict) else None
-    if kind == "abort":
-        message = finish.get("message") if isinstance(finish, dict) else None
-        raise RetryableItemError(f"server aborted the request: {message}", reason="server_abort")
-    if kind == "stop":
-        finish_reason: FinishReason = "stop"
-    elif kind == "length":
-        finish_reason = "length"
-    else:
-        raise ContractViolationError(f"unknown finish_reason {finish!r}")
-    stopped_at_limit = (
-        kind == "length" and bool(output_ids) and type(output_ids[-1]) is int
-    ) and output_ids[-1] in stop_ids
-    prompt_tokens = _count(meta, "prompt_tokens")
-    completion_tokens = _count(meta, "completion_tokens")
+    meta = answer.meta_info
+    output_ids = answer.output_ids
+    finish = meta.finish_reason
+    if isinstance(finish, FinishAbort):
+        raise RetryableItemError(
+            f"server aborted the request: {finish.message}", reason="server_abort"
+        )
+    prompt_tokens = meta.prompt_tokens
+    completion_tokens = meta.completion_tokens
     if prompt_tokens != len(input_ids):
         raise ContractViolationError(
             f"server counted {prompt_tokens} prompt tokens, {len(input_ids)} were sent"
@@ -226,25 +282,27 @@ def parse_generate_item(
             f"server returned {completion_tokens} ids, {max_new_tokens} were asked for "
             "(max_new_tokens)"
         )
-    check_token_ids(output_ids, vocab_size, embedding_rows=embedding_rows)
-    text = item.get("text")
-    if not isinstance(text, str):
-        text = ""
+    # every id is an int already (the parse): only the range is left to look at, at C speed
+    if output_ids and (min(output_ids) < 0 or (vocab_size and max(output_ids) >= vocab_size)):
+        check_token_ids(output_ids, vocab_size, embedding_rows=embedding_rows)
+    text = answer.text or ""
     if len(text) > TEXT_CHARS_PER_TOKEN * (len(output_ids) + 1):
         raise ContractViolationError(
             f"text holds {len(text):,} characters for {len(output_ids)} ids: more than any "
             "tokens decode to"
         )
-    matched = finish.get("matched") if kind == "stop" and isinstance(finish, dict) else None
-    if stopped_at_limit:
-        finish_reason, matched = "stop", output_ids[-1]
+    finish_reason: FinishReason
+    matched: int | str | None
+    if isinstance(finish, FinishStop):
+        finish_reason, matched = "stop", finish.matched
+    elif output_ids and output_ids[-1] in stop_ids:
+        finish_reason, matched = "stop", output_ids[-1]  # cut at its length on its stop token
+    else:
+        finish_reason, matched = "length", None
     if type(matched) is int:
         check_token_ids(
             [matched], vocab_size, "finish_reason.matched", embedding_rows=embedding_rows
         )
-    elif not isinstance(matched, str):
-        matched = None
-    latency = meta.get("e2e_latency")
     return GenerateResult(
         rid=rid,
         server=server,
@@ -254,27 +312,25 @@ def parse_generate_item(
         matched=matched,
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,
-        cached_tokens=_optional(meta.get("cached_tokens"), int),
-        e2e_latency=float(latency)
-        if isinstance(latency, int | float) and type(latency) is not bool
-        else None,
-        weight_version=_optional(meta.get("weight_version"), str),
+        cached_tokens=meta.cached_tokens,
+        e2e_latency=meta.e2e_latency,
+        weight_version=meta.weight_version,
         spec_verify_ct=_spec_verify_ct(meta),
         retractions=_retractions(meta),
     )
 
 
-def _spec_verify_ct(meta: dict[str, Any]) -> int | None:
+def _spec_verify_ct(meta: MetaInfo) -> int | None:
     """SGLang (0.5.9 and 0.5.15 ``tokenizer_manager._calculate_spec_decoding_metrics``) puts
     ``spec_verify_ct`` in the final chunk's ``meta_info`` only with a speculative algorithm and at
     least one verify step; anything but a non-negative int reads as unknown."""
-    value = meta.get("spec_verify_ct")
-    return value if type(value) is int and value >= 0 else None
+    value = meta.spec_verify_ct
+    return value if value is not None and value >= 0 else None
 
 
-def _retractions(meta: dict[str, Any]) -> int:
-    for key in ("total_retractions", "num_retractions"):
-        value = meta.get(key)
-        if type(value) is int and value >= 0:
+def _retractions(meta: MetaInfo) -> int:
+    """``total_retractions`` (0.5.9) or ``num_retractions`` (later); 0 when neither is a count."""
+    for value in (meta.total_retractions, meta.num_retractions):
+        if value is not None and value >= 0:
             return value
     return 0
