@@ -690,6 +690,27 @@ def test_a_503_never_spends_an_attempt(tokenizer_dir: str, tmp_path: Path) -> No
     assert read_failures(tmp_path / "run") == []
 
 
+def test_the_telemetry_counts_the_503s_of_a_fixed_concurrency(
+    tokenizer_dir: str, tmp_path: Path
+) -> None:
+    """40 in flight against a queue capped at 2: the server refuses many, and the run's
+    telemetry says how many (it counted none under a fixed ``--concurrency``: no ticket to
+    release there, so a 503 never reached the lane's count)."""
+    config = engine(tokenizer_dir, max_queued_requests=2, output_len_mean=100.0)
+    with SimServerThread(config) as sim:
+        generation = {"max_new_tokens": 256, "temperature": 1.0}
+        run_config = make_config(
+            [sim.url], tmp_path / "run", run={"concurrency": 40}, load=FAST_LOAD,
+            generation=generation,
+        )  # fmt: skip
+        summary = pipeline.generate(run_config, DATASET, tmp_path / "run", progress=False)
+        refused = sim.stats()["outcomes"].get("queue_full", 0)
+    assert summary.written == 40
+    assert refused > 0
+    entries = list(read_telemetry(tmp_path / "run"))
+    assert entries[-1].queue_full == refused
+
+
 def test_the_controller_backs_off_on_a_real_retraction_and_a_503(tokenizer_dir: str) -> None:
     config = engine(tokenizer_dir, output_len_mean=400.0, clip_max_new_tokens_estimation=512)
     with SimServerThread(config) as sim:
