@@ -160,6 +160,34 @@ def test_the_first_answers_give_a_curve_that_keeps_the_prior_where_they_say_noth
     assert model.learned
 
 
+def test_two_short_answers_do_not_settle_the_tail_of_the_requests_younger_than_them() -> None:
+    """The real server's first answers (a 2,048-token pool, ``max_new_tokens`` 256, prompts of
+    ~50 tokens): 3 and 22 tokens, with three requests 5-18 tokens along. Kaplan-Meier alone
+    settled every answer at 22 (no one at risk past it), the forecast saw five requests end
+    within 22 tokens, and the gate let a burst of 25 in at once where ~6 fit at the prior.
+    Until ``min_samples`` answers are in, the share not seen yet keeps running to the cap."""
+    model = LengthModel(prior=256, min_samples=8, cap=256)
+    model.add(50, 3)
+    model.add(50, 22)
+    model.set_running([(50, 5), (50, 12), (50, 18)])
+    curve = model.curve(50)
+    assert curve is not None and not model.learned
+    assert curve.at(21) == pytest.approx(0.8)  # what the two answers say, where they say it
+    assert curve.alive(18, 200) >= 0.75  # six of the eight answers unseen: at the prior
+    young = [
+        Flight(held=50 + age, age=age, end=256, curve=curve, draws=np.full(256, 0.5))
+        for age in (5, 12, 18)
+    ]
+    budget = 0.85 * 2048
+    admitted = 0
+    while peak_quantile([*young, *[young[0]] * (admitted + 1)], 0.9) <= budget:
+        admitted += 1
+    assert admitted <= 3  # six in flight at most, as at the prior: not a burst
+    for length in (30, 40, 25, 60, 35, 28):
+        model.add(50, length)
+    assert model.learned and model.curve(50).at(60) == 0.0  # eight answers: the data alone
+
+
 def test_the_gate_fills_the_pool_to_its_target_and_no_further() -> None:
     gate = lane(usage_target=0.9)
     lengths = kaplan_meier(list(range(80, 121)), [], cap=4096)  # answers of 80-120 tokens
