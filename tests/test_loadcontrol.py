@@ -880,6 +880,33 @@ def test_work_goes_where_there_is_room(tokenizer_dir: str, tmp_path: Path) -> No
     assert by_server.get(big.url, 0) > by_server.get(small.url, 0)
 
 
+def test_a_server_that_runs_few_at_once_is_not_given_a_queue_its_pool_would_hold(
+    tokenizer_dir: str, tmp_path: Path
+) -> None:
+    """Two servers of one pool (~20 requests fill it), the second running at most 4 at once
+    (its batch, not its pool, binds): its queue is kept at most 4 deep, so it never holds more
+    than 8 of ours. The queue target was the prefill chunk over the mean prompt (~100 here),
+    and the capped server, whose pool stays emptiest, took every request its pool let through
+    (19 here; the real SGLang beside a server running 17-30: 42 in flight, 35 queued)."""
+    with (
+        SimServerThread(engine(tokenizer_dir, max_total_num_tokens=6000)) as free,
+        SimServerThread(
+            engine(tokenizer_dir, max_total_num_tokens=6000, max_running_requests=4, seed=1)
+        ) as capped,
+    ):
+        config = make_config(
+            [free.url, capped.url],
+            tmp_path / "run",
+            run={"concurrency": "auto"},
+            load=FAST_LOAD,
+            generation={"max_new_tokens": 256, "temperature": 1.0},
+        )
+        summary = pipeline.generate(config, DATASET, tmp_path / "run", progress=False)
+    assert summary.written == 40
+    on_capped = [e.in_flight for e in read_telemetry(tmp_path / "run") if e.server == capped.url]
+    assert on_capped and max(on_capped) <= 4 + 4
+
+
 def sample(**fields: Any) -> TelemetryLine:
     return TelemetryLine(source="loads", **fields)
 

@@ -163,7 +163,7 @@ class LoadController:
             if chunk <= 0:
                 chunk = self.settings.chunked_prefill_size
             for lane in lanes:
-                lane.queue_target = initial_queue_target(chunk, mean)
+                lane.queue_target = initial_queue_target(chunk, mean, lane.max_running)
                 lane.prefill_chunk = chunk
 
     # --- the gate -------------------------------------------------------------------------------
