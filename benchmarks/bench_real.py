@@ -523,7 +523,7 @@ def verdict_table(verdicts: list[dict[str, Any]]) -> str:
     ]
     for v in verdicts:
         jobs = v["jobs"]
-        each = ", ".join(f"{100 * j['ratio']:.0f}% ({j['best']})" for j in jobs)
+        each = ", ".join(f"{100 * j['ratio']:.0f}% ({j['best']}){_on_both(j)}" for j in jobs)
         retractions = ", ".join(f"{j['retractions']} ({j['best_retractions']})" for j in jobs)
         bad = ", ".join(f"{j['queue_full']}/{j['errors']}" for j in jobs)
         cpu = ", ".join(
@@ -538,6 +538,14 @@ def verdict_table(verdicts: list[dict[str, Any]]) -> str:
             f"| {_yes(v['retractions_ok'])} | {bad or '-'} | {met} |"
         )
     return "\n".join(lines)
+
+
+def _on_both(job: dict[str, Any]) -> str:
+    """Two servers: ``auto`` against the best fixed setting on both, beside the sum of the
+    single bests (which no client reaches when the two share one CPU)."""
+    if "ratio_on_both" not in job:
+        return ""
+    return f"; {100 * job['ratio_on_both']:.0f}% of {job['best_on_both']}"
 
 
 def _yes(ok: bool) -> str:
