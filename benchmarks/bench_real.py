@@ -54,7 +54,7 @@ records: ``created_at`` less ``e2e_latency``; the client's start-up is left out)
 access log; the client's own count, its telemetry's ``queue_full``, beside), errors (failed
 records, exit code), and the 1-minute load average at the start and the end.
 
-    python benchmarks/bench_real.py --shapes mixed queue-cap growing two --jobs 3   # ~35 min
+    python benchmarks/bench_real.py --jobs 3     # mixed, queue-cap, growing, two: ~30 min, quiet
     python benchmarks/bench_real.py --shapes two --jobs 1 --merge
     python benchmarks/bench_real.py --shapes mixed --settings "fixed 16" auto --keep /tmp/r
     python benchmarks/bench_real.py --table        # the tables of benchmarks/results/real.json
