@@ -160,6 +160,34 @@ def test_the_first_answers_give_a_curve_that_keeps_the_prior_where_they_say_noth
     assert model.learned
 
 
+def test_two_short_answers_do_not_settle_the_tail_of_the_requests_younger_than_them() -> None:
+    """The real server's first answers (a 2,048-token pool, ``max_new_tokens`` 256, prompts of
+    ~50 tokens): 3 and 22 tokens, with three requests 5-18 tokens along. Kaplan-Meier alone
+    settled every answer at 22 (no one at risk past it), the forecast saw five requests end
+    within 22 tokens, and the gate let a burst of 25 in at once where ~6 fit at the prior.
+    Until ``min_samples`` answers are in, the share not seen yet keeps running to the cap."""
+    model = LengthModel(prior=256, min_samples=8, cap=256)
+    model.add(50, 3)
+    model.add(50, 22)
+    model.set_running([(50, 5), (50, 12), (50, 18)])
+    curve = model.curve(50)
+    assert curve is not None and not model.learned
+    assert curve.at(21) == pytest.approx(0.8)  # what the two answers say, where they say it
+    assert curve.alive(18, 200) >= 0.75  # six of the eight answers unseen: at the prior
+    young = [
+        Flight(held=50 + age, age=age, end=256, curve=curve, draws=np.full(256, 0.5))
+        for age in (5, 12, 18)
+    ]
+    budget = 0.85 * 2048
+    admitted = 0
+    while peak_quantile([*young, *[young[0]] * (admitted + 1)], 0.9) <= budget:
+        admitted += 1
+    assert admitted <= 3  # six in flight at most, as at the prior: not a burst
+    for length in (30, 40, 25, 60, 35, 28):
+        model.add(50, length)
+    assert model.learned and model.curve(50).at(60) == 0.0  # eight answers: the data alone
+
+
 def test_the_gate_fills_the_pool_to_its_target_and_no_further() -> None:
     gate = lane(usage_target=0.9)
     lengths = kaplan_meier(list(range(80, 121)), [], cap=4096)  # answers of 80-120 tokens
@@ -690,6 +718,27 @@ def test_a_503_never_spends_an_attempt(tokenizer_dir: str, tmp_path: Path) -> No
     assert read_failures(tmp_path / "run") == []
 
 
+def test_the_telemetry_counts_the_503s_of_a_fixed_concurrency(
+    tokenizer_dir: str, tmp_path: Path
+) -> None:
+    """40 in flight against a queue capped at 2: the server refuses many, and the run's
+    telemetry says how many (it counted none under a fixed ``--concurrency``: no ticket to
+    release there, so a 503 never reached the lane's count)."""
+    config = engine(tokenizer_dir, max_queued_requests=2, output_len_mean=100.0)
+    with SimServerThread(config) as sim:
+        generation = {"max_new_tokens": 256, "temperature": 1.0}
+        run_config = make_config(
+            [sim.url], tmp_path / "run", run={"concurrency": 40}, load=FAST_LOAD,
+            generation=generation,
+        )  # fmt: skip
+        summary = pipeline.generate(run_config, DATASET, tmp_path / "run", progress=False)
+        refused = sim.stats()["outcomes"].get("queue_full", 0)
+    assert summary.written == 40
+    assert refused > 0
+    entries = list(read_telemetry(tmp_path / "run"))
+    assert entries[-1].queue_full == refused
+
+
 def test_the_controller_backs_off_on_a_real_retraction_and_a_503(tokenizer_dir: str) -> None:
     config = engine(tokenizer_dir, output_len_mean=400.0, clip_max_new_tokens_estimation=512)
     with SimServerThread(config) as sim:
@@ -829,6 +878,33 @@ def test_work_goes_where_there_is_room(tokenizer_dir: str, tmp_path: Path) -> No
     for record in read_records(tmp_path / "run"):
         by_server[record["server"]] = by_server.get(record["server"], 0) + 1
     assert by_server.get(big.url, 0) > by_server.get(small.url, 0)
+
+
+def test_a_server_that_runs_few_at_once_is_not_given_a_queue_its_pool_would_hold(
+    tokenizer_dir: str, tmp_path: Path
+) -> None:
+    """Two servers of one pool (~20 requests fill it), the second running at most 4 at once
+    (its batch, not its pool, binds): its queue is kept at most 4 deep, so it never holds more
+    than 8 of ours. The queue target was the prefill chunk over the mean prompt (~100 here),
+    and the capped server, whose pool stays emptiest, took every request its pool let through
+    (19 here; the real SGLang beside a server running 17-30: 42 in flight, 35 queued)."""
+    with (
+        SimServerThread(engine(tokenizer_dir, max_total_num_tokens=6000)) as free,
+        SimServerThread(
+            engine(tokenizer_dir, max_total_num_tokens=6000, max_running_requests=4, seed=1)
+        ) as capped,
+    ):
+        config = make_config(
+            [free.url, capped.url],
+            tmp_path / "run",
+            run={"concurrency": "auto"},
+            load=FAST_LOAD,
+            generation={"max_new_tokens": 256, "temperature": 1.0},
+        )
+        summary = pipeline.generate(config, DATASET, tmp_path / "run", progress=False)
+    assert summary.written == 40
+    on_capped = [e.in_flight for e in read_telemetry(tmp_path / "run") if e.server == capped.url]
+    assert on_capped and max(on_capped) <= 4 + 4
 
 
 def sample(**fields: Any) -> TelemetryLine:

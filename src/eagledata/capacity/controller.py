@@ -32,7 +32,8 @@ The gate, per lane (one DP rank of one server, or a router's workers together):
   within ``u* x pool``. The pool's measured use plus what was sent since must stay within it
   too.
 * The server's queue is kept just deep enough to fill its next prefill batch:
-  ``q* = max(2, ceil(chunked_prefill_size / mean prompt))``, counted from what the client knows
+  ``q* = max(2, ceil(chunked_prefill_size / mean prompt))``, at most the requests it runs at
+  once (``max_running_requests``), counted from what the client knows
   rather than from the last sample alone: the queue the sample saw, plus what was sent since,
   less what ended since (each answer that ends lets the server take the next request from its
   queue). So a slow poll does not make a slow admission: every answer that ends admits one.
@@ -614,11 +615,20 @@ def _sent_at(ticket: Ticket) -> float:
     return ticket.sent_at
 
 
-def initial_queue_target(chunked_prefill_size: int, mean_prompt_tokens: float) -> int:
-    """Enough queued requests to fill the next prefill batch, no deeper."""
+def initial_queue_target(
+    chunked_prefill_size: int, mean_prompt_tokens: float, max_running: int | None = None
+) -> int:
+    """Enough queued requests to fill the next prefill batch, no deeper; and no more than the
+    server runs at once (``max_running``): a prefill batch never starts more than that, and a
+    server whose batch is capped below what its pool holds took every request the pool rule
+    let through into its queue (a real server capped at 8 running beside one running 17-30:
+    ``auto`` queued 35 on the capped one, which got more than half the job and ended 3 s after
+    the other)."""
     if mean_prompt_tokens <= 0 or chunked_prefill_size <= 0:
-        return 2
-    return max(2, math.ceil(chunked_prefill_size / mean_prompt_tokens))
+        target = 2
+    else:
+        target = max(2, math.ceil(chunked_prefill_size / mean_prompt_tokens))
+    return target if max_running is None else max(2, min(target, max_running))
 
 
 def fallback_concurrency(

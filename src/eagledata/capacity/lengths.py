@@ -237,6 +237,8 @@ class LengthModel:
         if curve is None:
             running = self._running.get(key, [])
             curve = kaplan_meier(sorted(ended), running, self.cap)
+            if not self.learned:
+                curve = _with_prior(curve, 1.0 - len(self._all) / self.min_samples)
             self._curves[key] = curve
         return curve
 
@@ -249,6 +251,17 @@ class LengthModel:
         """As many answers as the projection needs: the curve of fewer still holds the prior's
         mass, and the usage target does not probe its margin on it."""
         return len(self._all) >= self.min_samples
+
+
+def _with_prior(curve: SurvivalCurve, unsettled: float) -> SurvivalCurve:
+    """A curve of fewer than ``min_samples`` answers, whose survival never falls below the
+    share of them not seen yet (``unsettled``): that share still runs to the cap, as the prior
+    says. Kaplan-Meier over a handful of answers settles the whole tail at its last one once
+    the requests still running are younger than it: two answers of 3 and 22 tokens beside three
+    requests 5-18 tokens along said every answer ends by 22, and ``auto`` sent 25 at once to a
+    real server that ran 7 of them (a 2,048-token pool)."""
+    floored = [max(alive, unsettled) for alive in curve.surviving]
+    return SurvivalCurve(curve.times, floored, curve.cap)
 
 
 def _percentile(values: Iterable[int], quantile: float) -> int:

@@ -82,7 +82,12 @@ class ItemSender:
         """One request; under auto, admitted by the load controller and sent where it chose."""
         load = self.load
         if load is None or not load.auto:
-            return await self.client.generate(item.input_ids, params, new_rid())
+            try:
+                return await self.client.generate(item.input_ids, params, new_rid())
+            except QueueFullError as exc:
+                if load is not None and exc.server:
+                    load.refused(exc.server)  # the telemetry's count of 503s, gated or not
+                raise
         admitted, ticket = await unless_set(
             self.stopped, load.acquire(len(item.input_ids)), name=f"admit:{item.item_id}"
         )

@@ -163,7 +163,7 @@ class LoadController:
             if chunk <= 0:
                 chunk = self.settings.chunked_prefill_size
             for lane in lanes:
-                lane.queue_target = initial_queue_target(chunk, mean)
+                lane.queue_target = initial_queue_target(chunk, mean, lane.max_running)
                 lane.prefill_chunk = chunk
 
     # --- the gate -------------------------------------------------------------------------------
@@ -340,6 +340,14 @@ class LoadController:
             lanes = [lane for lanes in self.lanes.values() for lane in lanes]
         return any(lane.last_hold in ("queue", "queue_cap") for lane in lanes)
 
+    def refused(self, url: str) -> None:
+        """A 503 from ``url`` under a fixed ``--concurrency`` (no ticket to release): counted
+        for the telemetry's ``queue_full`` on the server's first lane (the request was pinned
+        to no rank), and nothing learned from it, since nothing is gated here."""
+        lane = self.lane_of(url, None)
+        if lane is not None:
+            lane.rejections += 1
+
     def release(
         self,
         ticket: Ticket,
@@ -379,16 +387,20 @@ class LoadController:
     async def run(self) -> None:
         """Sample until cancelled (the pipeline's task group owns this task)."""
         last_telemetry = -float("inf")
-        while True:
-            now = time.monotonic()
-            for url in list(self.lanes):
-                await self._sample(url, now)
-            self._queue_targets()
-            if now - last_telemetry >= self.load.telemetry_interval_s:
-                last_telemetry = now
-                self._write_telemetry()
-            self._dispatch()
-            await self._next_poll(now)
+        try:
+            while True:
+                now = time.monotonic()
+                for url in list(self.lanes):
+                    await self._sample(url, now)
+                self._queue_targets()
+                if now - last_telemetry >= self.load.telemetry_interval_s:
+                    last_telemetry = now
+                    self._write_telemetry()
+                self._dispatch()
+                await self._next_poll(now)
+        finally:
+            # The run's last counts (its 503s above all), not those of up to a period before.
+            self._write_telemetry()
 
     async def _next_poll(self, polled_at: float) -> None:
         """Sleep until the next poll, or until an answer ends while requests wait: the server
@@ -521,6 +533,7 @@ class LoadController:
                         "time": time.time(),
                         "in_flight": self._in_flight(lane),
                         "held_by": dict(lane.held_by),
+                        "queue_full": lane.rejections,  # a 503 since the sample counts too
                         "forecast_usage": forecast_usage(lane) if self.auto else None,
                     }
                 )
