@@ -392,13 +392,15 @@ def verdict(shape: str, points: list[dict[str, Any]]) -> dict[str, Any]:
         if auto is None or len(mine) < max(most, 2):
             continue  # a job cut short: no verdict of its own
         if shape == "two":
-            alone = {
-                which: max((p for p in mine if p["setting"].endswith(f"{which} alone")), key=_tok)
+            candidates = {
+                which: [p for p in mine if p["setting"].endswith(f"{which} alone")]
                 for which in ("fast", "slow")
             }
-            both = max(
-                (p for p in mine if p["setting"].endswith("on both") and p is not auto), key=_tok
-            )
+            fixed_on_both = [p for p in mine if p["setting"].endswith("on both") and p is not auto]
+            if not all(candidates.values()) or not fixed_on_both:
+                continue  # the job's points so far lack a server alone or a setting on both
+            alone = {which: max(found, key=_tok) for which, found in candidates.items()}
+            both = max(fixed_on_both, key=_tok)
             best_tok = sum(p["tok_s"] for p in alone.values())
             best_name = " + ".join(p["setting"] for p in alone.values())
             best_retractions = sum(p["retractions"] for p in alone.values())
