@@ -223,6 +223,23 @@ def refused(consoles: list[Path], offsets: list[int]) -> int:
     return count
 
 
+RETRACTED_IN_LOG = re.compile(rb"Retract requests\. #retracted_reqs: (\d+)")
+
+
+def retracted_in_log(consoles: list[Path], offsets: list[int]) -> int:
+    """Retractions the servers logged since ``offsets`` (SGLang's scheduler logs each one:
+    "KV cache pool is full. Retract requests. #retracted_reqs: N"). The ground truth: the
+    ``/metrics`` counter lags the scheduler (read right after a point it can still miss a
+    retraction of that point, which then shows up in the next one's reading) and came out
+    lower after a point than before it."""
+    count = 0
+    for console, offset in zip(consoles, offsets, strict=True):
+        with console.open("rb") as log:
+            log.seek(offset)
+            count += sum(int(n) for n in RETRACTED_IN_LOG.findall(log.read()))
+    return count
+
+
 def run_point(
     started: list[Any], setting: str, shape: Shape, dataset: Path, work: Path, label: str
 ) -> dict[str, Any]:
@@ -265,7 +282,9 @@ def run_point(
         "output_tokens": tokens,
         "span_s": round(span, 1),
         "tok_s": round(tokens / span, 1),
-        "retractions": _delta(before, after, "requests"),
+        "retractions": retracted_in_log(consoles, offsets),
+        # the counters' tokens, for what a retraction costs (they lag: see retracted_in_log)
+        "retractions_counted": _delta(before, after, "requests"),
         "retracted_input_tokens": _delta(before, after, "input_tokens"),
         "retracted_output_tokens": _delta(before, after, "output_tokens"),
         "scheduler_cpu_s": round(_delta(before, after, "cpu_ms") / 1000, 1),
