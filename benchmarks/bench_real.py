@@ -50,11 +50,11 @@ shared: the server's own speed changes with the load, so only points of one job 
 prefix cache is flushed before each point (``/flush_cache``), and each job is its own prompts
 (``--seed``). Per point: output tok/s from the first request sent to the last answer (from the
 records: ``created_at`` less ``e2e_latency``; the client's start-up is left out), retractions
-(the server's ``sglang:num_retracted_requests_total`` over the point), 503s (the server's
+(the server's own log lines in the point: its ``/metrics`` counter lags), 503s (the server's
 access log; the client's own count, its telemetry's ``queue_full``, beside), errors (failed
 records, exit code), and the 1-minute load average at the start and the end.
 
-    python benchmarks/bench_real.py --jobs 3     # mixed, queue-cap, growing, two: ~30 min, quiet
+    python benchmarks/bench_real.py --jobs 3     # mixed, queue-cap, growing, two: ~40 min
     python benchmarks/bench_real.py --shapes two --jobs 1 --merge
     python benchmarks/bench_real.py --shapes mixed --settings "fixed 16" auto --keep /tmp/r
     python benchmarks/bench_real.py --table        # the tables of benchmarks/results/real.json
