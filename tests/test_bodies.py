@@ -319,6 +319,7 @@ def test_generate_answering_html_is_an_item_failure_saying_what_came(
 # --- a whole-call deadline on the blocking client -------------------------------------------
 
 
+@pytest.mark.slow
 def test_check_server_against_a_server_info_dripped_a_byte_a_second_ends_within_its_timeout(
     tokenizer_dir: str,
 ) -> None:
@@ -335,6 +336,7 @@ def test_check_server_against_a_server_info_dripped_a_byte_a_second_ends_within_
     assert took < 3 + 15  # the CLI's own start (imports) on a loaded machine, and one read
 
 
+@pytest.mark.slow
 def test_the_blocking_clients_deadline_covers_the_whole_call(tokenizer_dir: str) -> None:
     with (
         HostileServer(tokenizer_dir, spoiled={"/server_info": "drip"}, trickle_s=0.5) as server,

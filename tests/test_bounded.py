@@ -191,6 +191,7 @@ def test_usr1_while_the_cli_starts_prints_the_stacks_and_the_command_goes_on(mod
     assert result.stderr.rstrip().splitlines()[-1].startswith("eagledata: error:")
 
 
+@pytest.mark.slow
 def test_usr1_while_the_servers_are_checked_prints_every_task_and_the_run_goes_on(
     tokenizer_dir: str, tmp_path: Path
 ) -> None:

@@ -168,6 +168,7 @@ def test_an_item_that_keeps_failing_stops_at_the_attempt_cap(
     assert summary.failed == len(failures) and summary.left == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("knob", sorted(RETRIED))
 def test_a_server_failing_every_request_is_down_not_a_reason_to_fail_items(
     sim: SimServerThread, prompt_tokenizer: Any, tmp_path: Path, knob: str
@@ -440,6 +441,7 @@ def test_work_goes_to_the_least_loaded_server(
     assert on_fast > 3 * on_slow, (on_slow, on_fast)
 
 
+@pytest.mark.slow
 def test_a_dead_servers_work_moves_to_the_others(
     tokenizer_dir: str, prompt_tokenizer: Any, tmp_path: Path
 ) -> None:

@@ -141,6 +141,7 @@ def test_fields_of_the_wrong_type_never_crash_the_writer(
     assert verify_run(out, full=True).ok
 
 
+@pytest.mark.slow
 def test_a_server_trickling_bytes_is_cut_at_the_requests_whole_deadline(
     tokenizer_dir: str, tmp_path: Path
 ) -> None:

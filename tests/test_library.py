@@ -236,6 +236,7 @@ eagledata.regenerate(prompts, server=sys.argv[1], out=sys.argv[2], tokenizer=sys
 """
 
 
+@pytest.mark.slow
 def test_a_round_killed_midway_resumes_exactly_once(tokenizer_dir: str, tmp_path: Path) -> None:
     """SIGKILL (no handler runs, a journal line may be torn): the next call on the same round
     resumes it; one record per (row, sample)."""

@@ -575,6 +575,7 @@ def test_the_best_load_signal_the_server_offers(
         assert load.ranks[0].running == 0
 
 
+@pytest.mark.slow
 def test_no_signal_at_all_falls_back_once_and_the_run_completes(
     tokenizer_dir: str, tmp_path: Path
 ) -> None:
@@ -690,6 +691,7 @@ def test_a_resumed_run_starts_from_the_answer_lengths_its_records_hold(
     assert seeded[1] == (40, ninetieth)  # resumed: what its 40 records say
 
 
+@pytest.mark.slow
 def test_fixed_concurrency_over_admits_and_the_server_retracts(
     tokenizer_dir: str, tmp_path: Path
 ) -> None:

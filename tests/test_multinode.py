@@ -214,6 +214,7 @@ def run_slurm_script(tmp_path: Path, nodes: list[str], **env: str) -> tuple[int,
     return done.returncode, calls.read_text().splitlines() if calls.exists() else []
 
 
+@pytest.mark.slow
 def test_the_slurm_script_starts_one_server_per_node_the_router_then_one_job(
     tmp_path: Path,
 ) -> None:
@@ -239,6 +240,7 @@ def test_the_slurm_script_starts_one_server_per_node_the_router_then_one_job(
     assert calls[-1] == "router stopped"  # Ctrl-C to the router's launch-server at the end
 
 
+@pytest.mark.slow
 def test_the_slurm_script_gives_each_node_of_a_two_node_server_its_place(tmp_path: Path) -> None:
     code, calls = run_slurm_script(
         tmp_path, ["n1", "n2", "n3", "n4"], PROFILE="kimi-k25-h100x16", NODES_PER_SERVER="2"

@@ -161,37 +161,47 @@ def test_retractions_in_telemetry_are_the_servers(real_server: Any, tmp_path: Pa
     The records stay exactly what the server logged, and the retractions the run's telemetry
     records (``num_retracted_requests_total``, the server's counter as eagledata read it) grew
     by what the server's ``/metrics`` counter grew, which its request log confirms request by
-    request (``num_retractions``)."""
+    request (``num_retractions``). Whether SGLang retracts is its own admission's call, which
+    the timing of arrivals moves: on a loaded machine the client's requests reach the server
+    more spread out and one round of this load retracted nothing (1 of 3 runs of the suite
+    under `stress-ng`), so the same round runs again, up to three times, until one retracts;
+    every round's counts must agree, retraction or not."""
     # Run after the module's other tests on purpose: on a fresh server SGLang admits cautiously
     # (its new-token ratio decays as requests finish) and the same load retracted nothing.
-    counter_before = metric(real_server.url, RETRACTED)
-    before = rids_of(RequestLog.read(real_server.request_log_dir))
-    out = tmp_path / "run"
-    config = write_config(
-        tmp_path / "real.toml", [real_server.url], out, max_new_tokens=256, samples=4,
-        concurrency=80,
-    )  # fmt: skip
-    result = run_cli(*generate_args(config, "--limit", "20"))
-    assert result.returncode == 0, result.stdout + result.stderr
-    records = assert_exactly_once(out, 20, samples=4)
-    log = RequestLog.read(real_server.request_log_dir)
-    assert_as_logged(records, log)
-    finished = log.finished()
-    ours = rids_of(log) - before
-    logged = sum(finished[rid]["out"]["meta_info"].get("num_retractions") or 0 for rid in ours)
-    counted = metric(real_server.url, RETRACTED) - counter_before
-    lines = [orjson.loads(line) for line in (out / "telemetry.jsonl").read_bytes().splitlines()]
-    seen = [line["num_retracted_requests_total"] for line in lines]
-    print(
-        f"retractions: server counter +{counted:g}, request log {logged}, telemetry "
-        f"{seen[-1]} (from {counter_before:g}), controller back-offs "
-        f"{lines[-1]['num_retracted_reqs']}",
-        file=sys.stderr,
-    )
-    assert counted > 0, "no retraction on a 1,024-token pool: nothing was tested"
-    assert logged == counted
-    assert seen[-1] is not None and seen[-1] - counter_before == counted, seen
-    assert 1 <= lines[-1]["num_retracted_reqs"] <= counted
+    rounds = []
+    for attempt in range(3):
+        counter_before = metric(real_server.url, RETRACTED)
+        before = rids_of(RequestLog.read(real_server.request_log_dir))
+        out = tmp_path / f"run-{attempt}"
+        config = write_config(
+            tmp_path / f"real-{attempt}.toml", [real_server.url], out, max_new_tokens=256,
+            samples=4, concurrency=80,
+        )  # fmt: skip
+        result = run_cli(*generate_args(config, "--limit", "20"))
+        assert result.returncode == 0, result.stdout + result.stderr
+        records = assert_exactly_once(out, 20, samples=4)
+        log = RequestLog.read(real_server.request_log_dir)
+        assert_as_logged(records, log)
+        finished = log.finished()
+        ours = rids_of(log) - before
+        logged = sum(finished[rid]["out"]["meta_info"].get("num_retractions") or 0 for rid in ours)
+        counted = metric(real_server.url, RETRACTED) - counter_before
+        lines = [orjson.loads(line) for line in (out / "telemetry.jsonl").read_bytes().splitlines()]
+        seen = [line["num_retracted_requests_total"] for line in lines]
+        print(
+            f"round {attempt}: retractions: server counter +{counted:g}, request log {logged}, "
+            f"telemetry {seen[-1]} (from {counter_before:g}), controller back-offs "
+            f"{lines[-1]['num_retracted_reqs']}",
+            file=sys.stderr,
+        )
+        assert logged == counted
+        if counted:
+            assert seen[-1] is not None and seen[-1] - counter_before == counted, seen
+            assert 1 <= lines[-1]["num_retracted_reqs"] <= counted
+        rounds.append(counted)
+        if counted:
+            break
+    assert any(rounds), f"no retraction on a 1,024-token pool in {len(rounds)} rounds: untested"
 
 
 def test_a_server_killed_and_restarted_mid_run_finishes_once(

@@ -57,6 +57,7 @@ STUBBORN = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_stop_ends_the_whole_process_group_within_its_bound(tmp_path: Path) -> None:
     server = env.Server(tmp_path / "model", tmp_path / "work")
     server.argv = [sys.executable, "-c", STUBBORN, str(server.port)]

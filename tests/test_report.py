@@ -249,6 +249,7 @@ def test_reads_committed_lines_only_and_a_shard_sealed_mid_read_once(
     assert after == before
 
 
+@pytest.mark.slow
 def test_records_carry_their_completion_time_not_their_release_time(
     tokenizer_dir: str, tmp_path: Path
 ) -> None:

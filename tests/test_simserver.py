@@ -239,6 +239,7 @@ async def _post_many(
         return [*(await asyncio.gather(*tasks)), extra]
 
 
+@pytest.mark.slow
 def test_kv_pool_queues_and_queue_full_gives_503() -> None:
     config = dict(latency_s=1.0, max_total_num_tokens=200, max_queued_requests=1)
     body = {"input_ids": [30] * 100, "sampling_params": {"max_new_tokens": 50}}
