@@ -94,6 +94,89 @@ def test_every_answer_that_ends_admits_one_however_slow_the_poll() -> None:
     assert gate.held_by.get("queue", 0) == 41  # the queue rule, and nothing else, held them
 
 
+def queue_capped_lane(queue_limit: int | None, learned: int | None = None) -> Lane:
+    """Sixteen of ours run and ten wait on a server that queues at most 16 (the real
+    ``queue-cap`` point: 16-19 running, 9-10 queued); then five more go out before any answer
+    ends, up to the upper bound's ceiling (16 less one spare slot)."""
+    settings = ControllerSettings(freeze_s=10, creep_every_s=1, backoff_gap_s=0.5)
+    gate = Lane(server="http://s", rank=None, settings=settings, pool_tokens=100_000)
+    gate.queue_target, gate.queue_limit, gate.learned_limit = 100, queue_limit, learned
+    lengths = kaplan_meier([50] * 20, [], cap=4096)
+    for sent in range(26):
+        gate.tickets[Ticket(gate, 100, 150, 0.01 * sent, lengths)] = None
+    gate.observe(
+        LaneSample(time=0.3, load=RankLoad(0, waiting=10, running=16), ours_at_ask=26), 0.3
+    )
+    return gate
+
+
+def admit_all(gate: Lane, now: float) -> int:
+    lengths = kaplan_meier([50] * 20, [], cap=4096)
+    count = 0
+    while gate.room(ticket := Ticket(gate, 100, 150, now, lengths), now) is not None:
+        gate.tickets[ticket] = None
+        count += 1
+    return count
+
+
+def end_oldest(gate: Lane, now: float, held: int = 150) -> None:
+    oldest = min(gate.tickets, key=lambda t: t.sent_at)
+    gate.tickets.pop(oldest)
+    gate.ended(oldest, now, held, data=True)
+
+
+def test_answers_that_end_between_samples_refill_a_capped_queue_without_reaching_the_cap() -> None:
+    """A fast server ends many answers between two samples, and takes the next of its queue
+    into each running slot an answer leaves. A gate that credits no answer that ends held
+    every request until the next sample while the server's queue ran down (measured on the
+    real server: 9-10 of 16 queued, later 0, 0.50x of a fixed concurrency). Each answer that
+    ends now counts as an admission from the queue, so the gate refills it; but it keeps a
+    quarter of the cap free for what the credit may get wrong (an admission the server makes
+    an iteration later, or a retraction put back in the queue): following the server, the
+    queue never passes 12 of 16."""
+    gate = queue_capped_lane(queue_limit=16)
+    assert admit_all(gate, 0.3) == 5  # 10 + 5 = 15 by the upper bound: full but one
+    queued = 15  # the server's queue, if it admits one for each answer that ends
+    admitted = 0
+    for step in range(16):  # sixteen answers end before the next sample
+        end_oldest(gate, 0.4 + 0.01 * step)
+        queued -= 1
+        sent = admit_all(gate, 0.4 + 0.01 * step)
+        admitted += sent
+        queued += sent
+        assert sent == 0 or queued <= 12  # never sends into the reserve of the cap
+    assert admitted == 16 - 3  # one per answer once the queue is below 12: it never runs dry
+    assert queued == 12
+
+
+def test_the_credit_stops_where_the_freed_room_or_a_strangers_queue_would_not_admit() -> None:
+    """An answer is credited only as far as the KV it freed covers the request at the head of
+    our queue, its prompt and its projected answer (SGLang admits a request only into room for
+    both), never behind another client's queue
+    (its requests take the freed slots first), and never under a cap a 503 taught (learned
+    against the upper bound: the real cap may be lower)."""
+    small = queue_capped_lane(queue_limit=16)
+    admit_all(small, 0.3)
+    for step in range(8):
+        end_oldest(small, 0.4 + 0.01 * step, held=60)  # 60 tokens freed each: 150 for a head
+        assert admit_all(small, 0.4 + 0.01 * step) == 0
+    assert small.queued_after_ends() == 15 - 3  # eight ends, 480 tokens: three heads of 150
+    strangers = queue_capped_lane(queue_limit=16)
+    admit_all(strangers, 0.3)
+    strangers.observe(
+        LaneSample(time=0.35, load=RankLoad(0, waiting=20, running=16), ours_at_ask=31), 0.35
+    )
+    for step in range(8):
+        end_oldest(strangers, 0.4 + 0.01 * step)
+    assert strangers.queued_after_ends() == strangers.queued_at_most()
+    assert admit_all(strangers, 0.5) == 0
+    learned = queue_capped_lane(queue_limit=None, learned=16)
+    admit_all(learned, 0.3)
+    for step in range(8):
+        end_oldest(learned, 0.4 + 0.01 * step)
+    assert admit_all(learned, 0.5) == 0
+
+
 # --- the budget ---------------------------------------------------------------------------------
 
 
@@ -234,3 +317,42 @@ def test_auto_keeps_up_with_a_fast_server_at_a_slow_poll(
         assert summary.written == 320
         makespans[poll] = engine["sim_time"]
     assert makespans[8.0] < 1.2 * makespans[0.25]
+
+
+@pytest.mark.slow
+def test_auto_refills_a_capped_queue_as_fast_as_answers_end_and_gets_no_503(
+    tokenizer_dir: str, tmp_path: Path
+) -> None:
+    """A fast server (~45 answers of ~60 tokens at once, 30-40 ending a wall second) that queues
+    at most 8: the answers that end between two samples let the gate send into the room they
+    free, so the job takes at most 1.4x the modelled time it takes on the same server without
+    a cap, and no request gets a 503 (on arrival, or retracted into a full queue). A gate that
+    credited no answer that ended between samples took 1.86x (measured: 52.0 modelled s
+    against 28.0; with the credit 32.1-33.0)."""
+    makespans: dict[int | None, float] = {}
+    for cap in (None, 8):
+        caps = {} if cap is None else {"max_queued_requests": cap}
+        server = loop_engine(
+            tokenizer_dir,
+            max_total_num_tokens=8000,
+            output_len_mean=60.0,
+            time_scale=0.25,
+            **caps,
+        )
+        with server_process(server) as url:
+            out = tmp_path / f"run-{cap}"
+            config = make_config(
+                [url],
+                out,
+                run={"concurrency": "auto"},
+                load={"poll_interval_s": 1.0, "telemetry_interval_s": 1.0},
+                generation={"max_new_tokens": 96, "temperature": 1.0, "samples_per_prompt": 8},
+            )
+            summary = pipeline.generate(config, DATASET, out, progress=False)
+            stats = httpx.get(url + "/_sim/stats").json()
+        assert summary.written == 320
+        assert stats["outcomes"].get("queue_full", 0) == 0
+        assert stats["outcomes"].get("queue_full_retracted", 0) == 0
+        makespans[cap] = stats["engine"][0]["sim_time"]
+    assert {entry.queue_cap for entry in read_telemetry(tmp_path / "run-8")} == {8}
+    assert makespans[8] < 1.4 * makespans[None]

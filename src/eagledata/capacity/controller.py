@@ -39,8 +39,14 @@ The gate, per lane (one DP rank of one server, or a router's workers together):
   queue). So a slow poll does not make a slow admission: every answer that ends admits one.
 * The server's own queue cap (``max_queued_requests`` from ``/server_info``) is never reached:
   the queue the sample saw plus everything sent since (nothing credited: an upper bound) stays
-  below it, so our traffic gets no 503 by construction. A server that reports no cap but
-  answers 503 teaches one (the bound at the 503), which relaxes by one a ceiling period later.
+  below it, less one spare slot (a retracted request goes back through the queue, and a full
+  one aborts it with 503). Past that bound the answers that ended since the sample count as
+  admissions from the queue, as far as the KV they freed covers the requests at its head,
+  with a quarter of the cap kept free for what that credit may get wrong: between two samples
+  a fast server ends many answers and refills its batch from its queue, and a bound that
+  credited none of them let the queue run dry. A server that reports no cap but answers 503
+  teaches one (the upper bound at the 503, no credit), which relaxes by one a ceiling period
+  later.
 * At a measured usage above 0.97 with a queue, admissions pause (a retraction is imminent).
 * A request that generates nothing (the canary's warm-ups and scorings, ``max_new_tokens`` 0)
   holds KV only while its prefill batch runs: SGLang takes it into a batch of at most
@@ -186,6 +192,9 @@ class Lane:
     """When each of the latest requests to end was sent, in the order they ended."""
     freed_since_sample: float = 0.0
     """KV the sample counted that the requests ending since have freed."""
+    slots_freed: int = 0
+    """The requests the sample counted on the server that have ended since: the running
+    slots they left, which the server fills from its queue (``queued_after_ends``)."""
     foreign_tokens: float = 0.0
     """KV the last sample showed that our requests did not account for, then."""
     lifetime_s: float | None = None
@@ -238,6 +247,41 @@ class Lane:
             return self._queued_by_waiting()
         return max(0, len(self.tickets) - min(sample.load.running, sample.ours_at_ask))
 
+    def queued_after_ends(self) -> int:
+        """``queued_at_most`` less the answers that ended since the sample, each taken as the
+        server filling the running slot it left from its queue (SGLang tries its queue again
+        once its running batch shrinks), but only as far as the KV they freed covers the
+        requests at the head of our queue (first come first served), each its prompt and its
+        projected answer: SGLang admits a request only into room for its prompt and its whole
+        ``max_new_tokens``. Counted by prompts alone, the credit outran the server whose pool
+        bound its admission (16 503s in a simulated job of 320 requests, queue cap 8). No
+        credit behind a stranger's queue (its requests take the freed slots first). Not an
+        upper bound: the server admits an iteration or two after the answer left, and may not
+        admit at all if its reservation binds; ``queue_reserve`` keeps the room for that."""
+        bound = self.queued_at_most()
+        sample = self.sample
+        if (
+            sample is None
+            or sample.load.running is None
+            or sample.load.waiting is None
+            or sample.ours_at_ask is None
+            or not self.slots_freed
+        ):
+            return bound
+        ours_queued = sample.ours_at_ask - min(sample.load.running, sample.ours_at_ask)
+        if sample.load.waiting > ours_queued:
+            return bound
+        heads = sorted(
+            (t for t in self.tickets if t.started_at is None and not t.gone), key=_sent_at
+        )
+        credit, needed = 0, 0
+        for ticket in heads[: self.slots_freed]:
+            needed += ticket.projected
+            if needed > self.freed_since_sample:
+                break
+            credit += 1
+        return max(0, bound - credit)
+
     def queue_cap(self) -> int | None:
         """The queue the gate never reaches: the server's ``max_queued_requests``, or one a
         503 taught."""
@@ -249,6 +293,28 @@ class Lane:
         """Queue slots the gate leaves free under a cap: SGLang puts a request it retracts back
         in its queue, and aborts it with 503 (its output lost) if the queue is full."""
         return max(1, cap // 16) if cap > 1 else 0
+
+    def queue_reserve(self, cap: int) -> int:
+        """Queue slots the gate leaves free when it counts the answers that ended as admissions
+        (``queued_after_ends``): the requests SGLang may put back at once when it retracts
+        (it retracts until the rest fit a few decode steps: one to a few at a time), and the
+        admissions an answer that reached us has not yet made (the server admits an iteration
+        or two later, or not, if its reservation binds). A quarter of the cap."""
+        return max(self.queue_spare(cap), math.ceil(cap / 4))
+
+    def queue_cap_holds(self, cap: int) -> bool:
+        """The server's queue could reach its cap. Below ``cap - queue_spare`` by the upper
+        bound, never. Past it, the answers that ended since the sample count, but only for a
+        cap the server reported (one a 503 taught was learned against the upper bound: the
+        real cap may be lower), and with ``queue_reserve`` free instead: a gate that credited
+        nothing held requests while the server's queue sat at 9-10 of 16 and later at 0,
+        because a fast server ends answers (and takes their successors from its queue) many
+        times between two samples."""
+        if self.queued_at_most() < cap - self.queue_spare(cap):
+            return False
+        if self.queue_limit is None:
+            return True
+        return self.queued_after_ends() >= cap - self.queue_reserve(cap)
 
     def queue_full(self, now: float, bound: int) -> None:
         """A 503: the server's queue was at its cap. One it reports is never reached (our
@@ -287,6 +353,7 @@ class Lane:
             and held is not None
         ):
             self.freed_since_sample += held
+            self.slots_freed += 1
         if data:
             self.answered_at.append(now)
             life = now - ticket.sent_at
@@ -531,7 +598,7 @@ class Lane:
         if self.max_running is not None and self.in_flight >= self.max_running + self.queue_target:
             return "max_running"
         cap = self.queue_cap()
-        if cap is not None and self.queued_at_most() >= cap - self.queue_spare(cap):
+        if cap is not None and self.queue_cap_holds(cap):
             return "queue_cap"
         queued = self.queued_estimate()
         # The depth rule holds only behind a queue the server showed: one that admits all it
@@ -578,6 +645,7 @@ class Lane:
         self.calibrate(sample)
         self.explain(sample)
         self.freed_since_sample = 0.0
+        self.slots_freed = 0
         usage = sample.load.token_usage
         if usage is None and sample.load.used_tokens is not None and self.pool_tokens:
             usage = sample.load.used_tokens / self.pool_tokens
