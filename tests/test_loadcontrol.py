@@ -423,9 +423,9 @@ def test_a_retracted_request_waiting_in_the_queue_is_one_retraction() -> None:
 
 def test_the_gate_never_fills_the_queue_cap_the_server_reports() -> None:
     """``max_queued_requests`` from /server_info: our requests in flight less those the last
-    sample counted running (a request still on its way counts as queued: an upper bound) stay
-    below it, whatever the depth rule and the forecast say, so our own traffic can get no
-    503."""
+    sample counted running (a request still on its way counts as queued, and no answer that
+    ends is credited: an upper bound) stay below it, whatever the depth rule and the forecast
+    say, so our own traffic can get no 503."""
     gate = lane(queue_target=100, queue_limit=6)  # one slot spare: for a retracted request
     lengths = kaplan_meier([50] * 20, [], cap=4096)
     for sent in range(4):
@@ -440,10 +440,7 @@ def test_the_gate_never_fills_the_queue_cap_the_server_reports() -> None:
     assert admitted == 2 and gate.held_by == {"queue_cap": 1}  # 3 + 2 = 5: full but one
     oldest = min(gate.tickets, key=lambda t: t.sent_at)
     gate.tickets.pop(oldest)
-    # The running one ends: not credited as an admission from the queue yet (the server takes
-    # its next a decode step or two later), and 4 would be within the quarter of the cap the
-    # credit keeps free (6 - 2) anyway
-    gate.ended(oldest, 1.5, 150, data=True)
+    gate.ended(oldest, 1.5, 150, data=True)  # the running one ends: no credit for the queue
     assert gate.room(Ticket(gate, 100, 150, 1.5, lengths), 1.5) is None
     gate.observe(
         LaneSample(time=2.0, load=RankLoad(0, waiting=1, running=4), ours_at_ask=5, ended_at_ask=1),

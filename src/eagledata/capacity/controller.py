@@ -39,17 +39,8 @@ The gate, per lane (one DP rank of one server, or a router's workers together):
   queue). So a slow poll does not make a slow admission: every answer that ends admits one.
 * The server's own queue cap (``max_queued_requests`` from ``/server_info``) is never reached:
   the queue the sample saw plus everything sent since (nothing credited: an upper bound) stays
-  below it, less one spare slot (a retracted request goes back through the queue, and a full
-  one aborts it with 503). Past that bound the answers that ended since the sample count as
-  admissions from the queue: two decode steps after they came (the server refills a slot
-  an iteration after the answer left), at the share of freed slots the server was seen to
-  refill between the last samples, and as far as the KV they freed covers the requests at
-  the queue's head (prompt and ``max_new_tokens`` each, as SGLang's admission wants), with
-  a quarter of the cap kept free for what that credit may get wrong: between two samples
-  a fast server ends many answers and refills its batch from its queue, and a bound that
-  credited none of them let the queue run dry. A server that reports no cap but answers 503
-  teaches one (the upper bound at the 503, no credit), which relaxes by one a ceiling period
-  later.
+  below it, so our traffic gets no 503 by construction. A server that reports no cap but
+  answers 503 teaches one (the bound at the 503), which relaxes by one a ceiling period later.
 * At a measured usage above 0.97 with a queue, admissions pause (a retraction is imminent).
 * A request that generates nothing (the canary's warm-ups and scorings, ``max_new_tokens`` 0)
   holds KV only while its prefill batch runs: SGLang takes it into a batch of at most
@@ -90,10 +81,6 @@ from eagledata.capacity.lengths import SurvivalCurve
 from eagledata.capacity.planner import CLIENT_QUEUE_HEADROOM
 from eagledata.capacity.usage_target import UsageTarget
 from eagledata.server.loads import RankLoad
-
-CLIP_MAX_NEW_TOKENS = 4096
-"""SGLang's ``SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION``: the most of a request's ``max_new_tokens``
-its admission reserves."""
 
 
 @dataclass(slots=True, eq=False)
@@ -174,9 +161,6 @@ class Lane:
     forecast's prior, not ``u*``, holds work back, and ``u*`` does not creep."""
     queue_limit: int | None = None
     """The server's ``max_queued_requests`` (per DP rank): the queue never reaches it."""
-    max_new_tokens: int = 0
-    """The run's ``max_new_tokens``: the room SGLang wants free beside a prompt to admit it
-    (``queued_after_ends``)."""
     learned_limit: int | None = None
     """A queue cap learned from a 503, when the server reports none."""
     learned_at: float = 0.0
@@ -202,13 +186,6 @@ class Lane:
     """When each of the latest requests to end was sent, in the order they ended."""
     freed_since_sample: float = 0.0
     """KV the sample counted that the requests ending since have freed."""
-    slots_freed: list[tuple[float, float]] = field(default_factory=list)
-    """The requests the sample counted on the server that have ended since, when and the KV
-    each freed: the running slots they left, which the server fills from its queue
-    (``queued_after_ends``)."""
-    refill: float = 0.5
-    """The share of freed running slots the server was seen to fill from its queue between
-    two samples (``measure_refill``): how far an answer that ends is credited."""
     foreign_tokens: float = 0.0
     """KV the last sample showed that our requests did not account for, then."""
     lifetime_s: float | None = None
@@ -261,75 +238,6 @@ class Lane:
             return self._queued_by_waiting()
         return max(0, len(self.tickets) - min(sample.load.running, sample.ours_at_ask))
 
-    def queued_after_ends(self, now: float) -> int:
-        """``queued_at_most`` less the answers that ended since the sample, each taken as the
-        server filling the running slot it left from its queue (SGLang tries its queue again
-        once its running batch shrinks). Only as far as the server was seen to: the share of
-        freed slots it refilled between the last samples (``refill``), counted only once it
-        has had two decode steps to do it (an answer reaches us before the server has
-        filtered it out of its batch, and a request sent at once arrived while the queue was
-        still full), and only as far as the KV they freed covers the requests at the head of
-        our queue (first come first served), each its prompt and its ``max_new_tokens``: the
-        room SGLang wants free to admit it. Credited by prompts alone, as soon as the answers
-        came, the bound outran a pool-bound server: 16 503s in a simulated job of 320
-        requests, queue cap 8. No credit behind a stranger's queue (its requests take the
-        freed slots first). Not an upper bound: ``queue_reserve`` keeps room for what it gets
-        wrong."""
-        bound = self.queued_at_most()
-        sample = self.sample
-        if (
-            sample is None
-            or sample.load.running is None
-            or sample.load.waiting is None
-            or sample.ours_at_ask is None
-            or not self.slots_freed
-        ):
-            return bound
-        ours_queued = sample.ours_at_ask - min(sample.load.running, sample.ours_at_ask)
-        if sample.load.waiting > ours_queued:
-            return bound
-        settled = now - 2.0 / max(self.decode_rate * self.age_scale, 1e-3)
-        freed = [held for ended_at, held in self.slots_freed if ended_at <= settled]
-        slots = math.floor(self.refill * len(freed) + 1e-9)
-        heads = sorted(
-            (t for t in self.tickets if t.started_at is None and not t.gone), key=_sent_at
-        )
-        credit, needed, room = 0, 0, sum(freed)
-        for ticket in heads[:slots]:
-            answer = max(ticket.projected - ticket.prompt_tokens, self.max_new_tokens)
-            needed += ticket.prompt_tokens + min(CLIP_MAX_NEW_TOKENS, answer)
-            if needed > room:
-                break
-            credit += 1
-        return max(0, bound - credit)
-
-    def measure_refill(self, sample: LaneSample, previous: LaneSample | None) -> None:
-        """``refill``: of the slots our answers freed between two samples, the share the
-        server filled with our requests from its queue. Our requests it admitted meanwhile are
-        the change in ours running plus those that ended; a server that held a queue at the
-        first sample was admitting all it could, so that share is its own (its pool's
-        reservation, not our supply, set it); one that ends with no queue took all it got."""
-        if previous is None or previous.ours_at_ask is None or sample.ours_at_ask is None:
-            return
-        now_load, before = sample.load, previous.load
-        if now_load.running is None or before.running is None or before.waiting is None:
-            return
-        ended = sample.ended_at_ask - previous.ended_at_ask
-        if ended <= 0:
-            return
-        admitted = (
-            min(now_load.running, sample.ours_at_ask)
-            - min(before.running, previous.ours_at_ask)
-            + ended
-        )
-        if not now_load.waiting:
-            share = 1.0  # it took all we sent: nothing held it back
-        elif not before.waiting:
-            return  # its queue formed meanwhile: how much each end admitted is not seen
-        else:
-            share = min(1.0, max(0.0, admitted / ended))
-        self.refill = 0.5 * self.refill + 0.5 * share
-
     def queue_cap(self) -> int | None:
         """The queue the gate never reaches: the server's ``max_queued_requests``, or one a
         503 taught."""
@@ -341,30 +249,6 @@ class Lane:
         """Queue slots the gate leaves free under a cap: SGLang puts a request it retracts back
         in its queue, and aborts it with 503 (its output lost) if the queue is full."""
         return max(1, cap // 16) if cap > 1 else 0
-
-    def queue_reserve(self, cap: int) -> int:
-        """Queue slots the gate leaves free when it counts the answers that ended as admissions
-        (``queued_after_ends``): the requests SGLang may put back at once when it retracts
-        (it retracts until the rest fit a few decode steps: one to a few at a time), and the
-        admissions an answer that reached us has not yet made (the server admits an iteration
-        or two later, or not, if its reservation binds). A quarter of the cap, and at least
-        two: on a simulated server that queues at most 2, one slot kept free let 6 requests
-        in a 320-request job get a 503 (a cap of 2 gives no credit at all)."""
-        return max(self.queue_spare(cap), math.ceil(cap / 4), 2)
-
-    def queue_cap_holds(self, cap: int, now: float) -> bool:
-        """The server's queue could reach its cap. Below ``cap - queue_spare`` by the upper
-        bound, never. Past it, the answers that ended since the sample count, but only for a
-        cap the server reported (one a 503 taught was learned against the upper bound: the
-        real cap may be lower), and with ``queue_reserve`` free instead: a gate that credited
-        nothing held requests while the server's queue sat at 9-10 of 16 and later at 0,
-        because a fast server ends answers (and takes their successors from its queue) many
-        times between two samples."""
-        if self.queued_at_most() < cap - self.queue_spare(cap):
-            return False
-        if self.queue_limit is None:
-            return True
-        return self.queued_after_ends(now) >= cap - self.queue_reserve(cap)
 
     def queue_full(self, now: float, bound: int) -> None:
         """A 503: the server's queue was at its cap. One it reports is never reached (our
@@ -403,7 +287,6 @@ class Lane:
             and held is not None
         ):
             self.freed_since_sample += held
-            self.slots_freed.append((now, held))
         if data:
             self.answered_at.append(now)
             life = now - ticket.sent_at
@@ -648,7 +531,7 @@ class Lane:
         if self.max_running is not None and self.in_flight >= self.max_running + self.queue_target:
             return "max_running"
         cap = self.queue_cap()
-        if cap is not None and self.queue_cap_holds(cap, now):
+        if cap is not None and self.queued_at_most() >= cap - self.queue_spare(cap):
             return "queue_cap"
         queued = self.queued_estimate()
         # The depth rule holds only behind a queue the server showed: one that admits all it
@@ -683,7 +566,6 @@ class Lane:
         previous = self.sample
         self.sample = sample
         self.count_ended_of_asked(sample)
-        self.measure_refill(sample, previous)
         if sample.load.pool_tokens:
             self.pool_tokens = sample.load.pool_tokens
         if sample.load.max_running:
@@ -696,7 +578,6 @@ class Lane:
         self.calibrate(sample)
         self.explain(sample)
         self.freed_since_sample = 0.0
-        self.slots_freed.clear()
         usage = sample.load.token_usage
         if usage is None and sample.load.used_tokens is not None and self.pool_tokens:
             usage = sample.load.used_tokens / self.pool_tokens

@@ -136,7 +136,6 @@ class LoadController:
                 queue_target=queue,
                 prefill_chunk=self.settings.chunked_prefill_size,
                 decode_rate=self.settings.default_decode_rate,
-                max_new_tokens=self.max_new_tokens,
             )
             for rank in ranks
         ]
