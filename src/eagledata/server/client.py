@@ -47,7 +47,6 @@ from eagledata.server.pools import Pools
 # Re-exported: callers that hold a client also name its results and request ids from here.
 from eagledata.server.responses import GenerateResult as GenerateResult
 from eagledata.server.responses import new_rid as new_rid
-from eagledata.server.responses import parse_generate_item as parse_generate_item
 from eagledata.server.responses import response_bound
 from eagledata.server.serverfacts import BOTH_PIN_FIELDS
 

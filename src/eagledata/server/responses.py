@@ -202,40 +202,6 @@ def _explain(item: Any) -> None:
     check_token_ids(output_ids, None)
 
 
-def read_answer(item: Any) -> GenerateAnswer:
-    """``item`` (a ``/generate`` answer already parsed as JSON) as a ``GenerateAnswer``, or the
-    contract error it breaks (``answer_error``)."""
-    try:
-        return GenerateAnswer.model_validate(item)
-    except ValidationError as exc:
-        raise answer_error(item, exc) from None
-
-
-def parse_generate_item(
-    item: Any,
-    input_ids: list[int],
-    rid: str,
-    server: str,
-    *,
-    max_new_tokens: int | None = None,
-    vocab_size: int | None = None,
-    embedding_rows: int | None = None,
-    stop_ids: frozenset[int] = frozenset(),
-) -> GenerateResult:
-    """``check_answer`` on an answer already parsed as JSON (the client parses the raw bytes
-    into a ``GenerateAnswer`` itself: ``answers.generate_answer``)."""
-    return check_answer(
-        read_answer(item),
-        input_ids,
-        rid,
-        server,
-        max_new_tokens=max_new_tokens,
-        vocab_size=vocab_size,
-        embedding_rows=embedding_rows,
-        stop_ids=stop_ids,
-    )
-
-
 def check_answer(
     answer: GenerateAnswer,
     input_ids: list[int],
