@@ -132,6 +132,21 @@ def test_launch_server_dry_run_names_the_profile_it_picked() -> None:
     assert "profile kimi-k25-tp8 (the default" in result.stderr
 
 
+def test_a_dry_run_leaves_sigterm_alone() -> None:
+    """A dry run starts nothing for SIGTERM to stop: a caller's own handler stays."""
+
+    def callers(signum: int, frame: object) -> None:
+        raise AssertionError("never sent")
+
+    previous = signal.signal(signal.SIGTERM, callers)
+    try:
+        result = runner.invoke(app, ["launch-server", "--dry-run"])
+        assert result.exit_code == 0, result.output
+        assert signal.getsignal(signal.SIGTERM) is callers
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def test_one_ctrl_c_while_starting_says_it_stopped_the_start_not_twice(
     tokenizer_dir: str, tmp_path: Path
 ) -> None:

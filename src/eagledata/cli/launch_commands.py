@@ -89,7 +89,8 @@ def launch_server(
     """Start SGLang from a profile (bf16 KV enforced); extra args after -- pass through.
 
     With --router URL...: start sglang-router in front of servers already running instead."""
-    _stop_on_term()
+    if not dry_run:  # a dry run starts nothing for SIGTERM to stop
+        _stop_on_term()
     if router:
         _launch_router(
             router,
