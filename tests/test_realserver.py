@@ -24,7 +24,8 @@ from typing import Any
 
 import pytest
 
-from conftest import eagledata_cmd, read_records
+from conftest import read_records
+from realrun import run_cli
 from realserver import RequestLog, env, serve
 
 # the first test of a session may build the venv (minutes) and start a server (up to a minute)
@@ -70,12 +71,6 @@ schema = "sharegpt"
 """
     )
     return path
-
-
-def run_cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        eagledata_cmd(*args), capture_output=True, text=True, timeout=timeout, check=False
-    )
 
 
 @pytest.fixture(scope="module")
