@@ -95,7 +95,7 @@ def read_records(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def _read_records_once(run_dir: Path) -> list[dict[str, Any]]:
-    records = []
+    records: list[dict[str, Any]] = []
     for folder in ("shards", "pending"):
         for path in sorted((run_dir / folder).glob("shard-*.jsonl")):
             data = path.read_bytes()
