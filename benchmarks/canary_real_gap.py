@@ -10,7 +10,8 @@ differ only by how decode and prefill round. This starts SGLang 0.5.23 on this C
 repo's trained model (the real-server tier's server, bf16 KV cache, 4,096-token pool), and for
 each ``--beside`` count B, samples ``--sets`` canary sets (``--prompts`` references of
 ``--reference-tokens`` tokens, sampled together at temperature 1 while B other sampled
-generations run, so the decode batches differ), scores each set once in prefill (idle), and
+generations run, so the decode batches differ), scores each set once in prefill (the same B
+beside: a CPU's prefill gives the same logprobs whatever the batch), and
 prints, per B: the per-token difference (scored - sampled) mean and spread, each set's trimmed
 mean (the test's statistic) and its standard error, and how many sets the test's floor (1e-3)
 alone would refuse.
