@@ -25,39 +25,32 @@ import json
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from transformers import AutoTokenizer
-
+from eagledata.config import TokenizerSettings
 from eagledata.quality.canary_scorer import CanaryScorer
 from eagledata.quality.canary_stats import trimmed_mean_se, trimmed_signed_mean
 from eagledata.server.client import SGLangClient
+from eagledata.source.tokenization import PromptTokenizer
 from realserver import TRAINED_MODEL, env
 
 SAMPLES = Path(__file__).resolve().parents[1] / "src/eagledata/assets/samples/prompts.jsonl"
 
 
 def templated_prompts(model_dir: Path) -> list[list[int]]:
-    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    prompts = []
-    for line in SAMPLES.read_text().splitlines():
-        row = json.loads(line)
-        text = row.get("prompt") or row.get("question") or row.get("text")
-        if not text:
-            continue
-        messages = [{"role": "user", "content": text}]
-        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        prompts.append(list(tokenizer.encode(text, add_special_tokens=False)))
-    return prompts
+    """The bundled sample questions, templated as ``generate`` templates them."""
+    tokenizer = PromptTokenizer(TokenizerSettings(name=str(model_dir)))
+    questions = [json.loads(line)["prompt"] for line in SAMPLES.read_text().splitlines()]
+    return [tokenizer.encode([{"role": "user", "content": q}]) for q in questions]
 
 
-async def measure(url: str, prompts: list[list[int]], args: argparse.Namespace) -> dict:
+async def measure(url: str, prompts: list[list[int]], args: argparse.Namespace) -> None:
     rng = np.random.default_rng(args.seed)
-    out: dict = {}
-    saved: dict[int, np.ndarray] = {}
+    saved: dict[str, Any] = {}  # each B's sets x tokens, for --save
     async with SGLangClient([url], in_flight=64) as client:
         scorer = CanaryScorer(client)
         for beside in args.beside:
@@ -97,7 +90,7 @@ async def measure(url: str, prompts: list[list[int]], args: argparse.Namespace) 
             shift = np.array(shifts)
             se = np.array(errors)
             z = shift / np.maximum(se, 1e-12)  # the set's shift in its own standard errors
-            out[str(beside)] = {
+            summary = {
                 "sets": args.sets,
                 "tokens_per_set": len(deltas[0]),
                 "token_delta_mean": float(every.mean()),
@@ -113,11 +106,10 @@ async def measure(url: str, prompts: list[list[int]], args: argparse.Namespace) 
                 "sets_under_4se_or_floor": int((shift < -np.maximum(4 * se, 1e-3)).sum()),
                 "sets_under_floor": int((shift < -1e-3).sum()),
             }
-            print(json.dumps({"beside": beside, **out[str(beside)]}), flush=True)
-            saved[beside] = np.stack(deltas).astype(np.float32)
+            print(json.dumps({"beside": beside, **summary}), flush=True)
+            saved[f"beside_{beside}"] = np.stack(deltas).astype(np.float32)
     if args.save is not None:
-        np.savez_compressed(args.save, **{f"beside_{b}": d for b, d in saved.items()})
-    return out
+        np.savez_compressed(args.save, **saved)
 
 
 def main() -> None:
